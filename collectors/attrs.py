@@ -1,0 +1,122 @@
+"""Total, typed reads of OTLP attribute values: a missing or malformed value becomes None, never an exception.
+
+Instrumentations disagree on types (LiteLLM writes ``"True"`` for a bool, OTLP/JSON
+carries 64-bit ints as strings, hand-rolled exporters send ``"12.5"``), so every
+normaliser reads through these functions instead of trusting ``isinstance``.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from collectors.base import STATUS_ERROR, SpanView
+
+_TRUE_WORDS = frozenset({"true", "1", "yes"})
+_FALSE_WORDS = frozenset({"false", "0", "no"})
+
+
+def as_float(value: Any) -> float | None:
+    """A finite number from an int, float or numeric string; bools and everything else are None."""
+    if value.__class__ is bool:
+        return None
+    if isinstance(value, (int, float)):
+        number = float(value)
+    elif isinstance(value, str):
+        try:
+            number = float(value.strip())
+        except ValueError:
+            return None
+    else:
+        return None
+    return number if math.isfinite(number) else None
+
+
+def seconds_as_ms(value: Any) -> float | None:
+    """A non-negative duration given in seconds, in milliseconds."""
+    seconds = as_float(value)
+    if seconds is None or seconds < 0:
+        return None
+    return seconds * 1000.0
+
+
+def as_count(value: Any) -> int | None:
+    """A non-negative whole number (token counts); fractional or negative values are None."""
+    if value.__class__ is bool:
+        return None
+    if isinstance(value, int):
+        return value if value >= 0 else None
+    number = as_float(value)
+    if number is None or number < 0 or not number.is_integer():
+        return None
+    return int(number)
+
+
+def as_text(value: Any) -> str | None:
+    """A non-blank string; integers (ids sent as numbers) are rendered, anything else is None."""
+    if isinstance(value, str):
+        return value if value.strip() else None
+    if isinstance(value, int) and value.__class__ is not bool:
+        return str(value)
+    return None
+
+
+def as_flag(value: Any) -> bool | None:
+    """A bool from a bool, 0/1, or the words true/false/yes/no/1/0 in any case."""
+    if value.__class__ is bool:
+        return value
+    if isinstance(value, int):
+        return {0: False, 1: True}.get(value)
+    if isinstance(value, str):
+        word = value.strip().lower()
+        if word in _TRUE_WORDS:
+            return True
+        if word in _FALSE_WORDS:
+            return False
+    return None
+
+
+def first_text(attributes: dict[str, Any], keys: tuple[str, ...]) -> str | None:
+    """The first usable string among ``keys``, in order of preference."""
+    for key in keys:
+        text = as_text(attributes.get(key))
+        if text is not None:
+            return text
+    return None
+
+
+def first_count(attributes: dict[str, Any], keys: tuple[str, ...]) -> int | None:
+    """The first usable count among ``keys``, in order of preference."""
+    for key in keys:
+        count = as_count(attributes.get(key))
+        if count is not None:
+            return count
+    return None
+
+
+def first_event_offset_ms(span: SpanView, event_names: frozenset[str]) -> float | None:
+    """Milliseconds from span start to the first event whose name is in ``event_names``.
+
+    SDKs append events in the order they are recorded and OTLP keeps that order,
+    so the first matching event is the earliest one.
+    """
+    for event in span.events:
+        if event.name in event_names:
+            time_ns = event.time_ns
+            if not isinstance(time_ns, int) or time_ns.__class__ is bool or not isinstance(span.start_ns, int):
+                return None
+            offset_ns = time_ns - span.start_ns
+            return offset_ns / 1e6 if offset_ns >= 0 else None
+    return None
+
+
+def engine_config_of(span: SpanView) -> str | None:
+    """The engine configuration name/hash the platform stamps on resources (or, failing that, on the span)."""
+    config = as_text(span.resource.get("llm_observatory.engine_config"))
+    if config is None:
+        config = as_text(span.attributes.get("llm_observatory.engine_config"))
+    return config
+
+
+def is_error(span: SpanView) -> bool:
+    """Errored per the span status, or per the semantic-convention ``error.type`` attribute."""
+    return span.status_code == STATUS_ERROR or as_text(span.attributes.get("error.type")) is not None

@@ -1,0 +1,1 @@
+"""OTLP trace receivers (HTTP and gRPC), validation, the durable spool and the ClickHouse writer."""

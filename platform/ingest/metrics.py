@@ -1,0 +1,23 @@
+"""The platform's own Prometheus metrics (served at /metrics)."""
+from prometheus_client import Counter, Gauge, Histogram
+
+SPANS_RECEIVED = Counter("observatory_spans_received", "Spans received by the OTLP receivers", ["protocol"])
+SPANS_ACCEPTED = Counter("observatory_spans_accepted", "Spans accepted (durable in the spool)", ["protocol"])
+SPANS_REJECTED = Counter("observatory_spans_rejected", "Spans rejected, by reason", ["protocol", "reason"])
+ATTRIBUTES_TRUNCATED = Counter("observatory_attributes_truncated", "Attributes truncated or dropped by ingest limits")
+EXPORT_REQUESTS = Counter("observatory_export_requests", "OTLP export requests by outcome", ["protocol", "status"])
+SPOOL_PENDING_BYTES = Gauge("observatory_spool_pending_bytes", "Bytes in the spool not yet written to ClickHouse")
+SPOOL_DEADLETTER = Counter("observatory_spool_deadletter_records", "Spool records ClickHouse refused, kept in deadletter/")
+INSERT_SECONDS = Histogram(
+    "observatory_clickhouse_insert_seconds",
+    "Time to insert one batch into ClickHouse",
+    ["table"],
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+)
+INSERT_ROWS = Counter("observatory_clickhouse_inserted_rows", "Rows inserted into ClickHouse", ["table"])
+STORE_UNAVAILABLE = Counter("observatory_clickhouse_unavailable", "Times a ClickHouse call failed because it was unreachable")
+DECOMPOSED_TRACES = Counter("observatory_decomposed_traces", "Traces whose LLM requests were (re)computed")
+DECOMPOSE_SECONDS = Histogram(
+    "observatory_decompose_cycle_seconds", "Time of one decomposition cycle",
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+)

@@ -1,0 +1,522 @@
+"""Decode OTLP trace payloads (protobuf or OTLP-JSON) into validated `SpanView`s, rejecting or trimming span by span.
+
+A payload whose envelope cannot be parsed is malformed (HTTP 400). Inside a valid
+envelope each span stands alone: a bad id, an end before its start, an absurd
+timestamp or bad UTF-8 rejects that span only (counted, with a reason), and an
+oversized attribute is truncated and counted in `dropped_attributes`.
+"""
+from __future__ import annotations
+
+import base64
+import binascii
+import dataclasses
+import json
+import time
+from collections import Counter
+from typing import Any
+
+from google.protobuf.message import DecodeError
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.common.v1.common_pb2 import InstrumentationScope
+from opentelemetry.proto.resource.v1.resource_pb2 import Resource
+from opentelemetry.proto.trace.v1.trace_pb2 import Span
+
+from collectors.base import SpanEvent, SpanView
+
+from .limits import MalformedPayload
+
+_ZERO_TRACE = "0" * 32
+_ZERO_SPAN = "0" * 16
+_MAX_KEY_BYTES = 256
+
+
+@dataclasses.dataclass(frozen=True)
+class Limits:
+    max_attributes: int = 256
+    max_value_bytes: int = 16 * 1024
+    max_events: int = 128
+    max_age_s: int = 7 * 24 * 3600
+    max_future_s: int = 3600
+    max_duration_s: int = 24 * 3600
+
+    @classmethod
+    def from_settings(cls, ingest: dict) -> "Limits":
+        return cls(
+            max_attributes=ingest["MAX_ATTRIBUTES_PER_SPAN"],
+            max_value_bytes=ingest["MAX_ATTRIBUTE_VALUE_BYTES"],
+            max_events=ingest["MAX_EVENTS_PER_SPAN"],
+            max_age_s=ingest["MAX_SPAN_AGE_SECONDS"],
+            max_future_s=ingest["MAX_SPAN_FUTURE_SECONDS"],
+            max_duration_s=ingest["MAX_SPAN_DURATION_SECONDS"],
+        )
+
+
+@dataclasses.dataclass
+class Decoded:
+    spans: list[SpanView]
+    # dropped attributes per accepted span, parallel to `spans`
+    dropped: list[int]
+    rejected: Counter  # reason -> count
+
+    @property
+    def rejected_count(self) -> int:
+        return sum(self.rejected.values())
+
+    def message(self) -> str:
+        return "; ".join(f"{count} span(s) rejected: {reason}" for reason, count in sorted(self.rejected.items()))
+
+
+class _Trimmer:
+    """Applies attribute limits to one span and counts what it drops."""
+
+    __slots__ = ("limits", "dropped")
+
+    def __init__(self, limits: Limits):
+        self.limits = limits
+        self.dropped = 0
+
+    def text(self, value: str) -> str:
+        limit = self.limits.max_value_bytes
+        if len(value) > limit // 4 and len(value.encode("utf-8")) > limit:
+            self.dropped += 1
+            return value.encode("utf-8")[:limit].decode("utf-8", "ignore")
+        return value
+
+
+# -- protobuf ------------------------------------------------------------------------------------
+
+
+def _pb_value(value, trimmer: _Trimmer, depth: int = 0) -> Any:
+    kind = value.WhichOneof("value")
+    if kind == "string_value":
+        text = value.string_value
+        return trimmer.text(text) if len(text) > 1024 else text
+    if kind == "int_value" or kind == "double_value" or kind == "bool_value":
+        return getattr(value, kind)
+    if kind == "bytes_value":
+        return trimmer.text(value.bytes_value.hex())
+    if depth >= 8:
+        trimmer.dropped += 1
+        return None
+    if kind == "array_value":
+        return [_pb_value(v, trimmer, depth + 1) for v in value.array_value.values[: trimmer.limits.max_attributes]]
+    if kind == "kvlist_value":
+        return {kv.key: _pb_value(kv.value, trimmer, depth + 1) for kv in value.kvlist_value.values[: trimmer.limits.max_attributes]}
+    return None
+
+
+def _pb_attributes(attributes, trimmer: _Trimmer) -> dict[str, Any]:
+    limit = trimmer.limits.max_attributes
+    if len(attributes) > limit:
+        trimmer.dropped += len(attributes) - limit
+        attributes = attributes[:limit]
+    out = {}
+    for kv in attributes:
+        key = kv.key
+        if not key or len(key) > _MAX_KEY_BYTES:
+            trimmer.dropped += 1
+            continue
+        out[key] = _pb_value(kv.value, trimmer)
+    return out
+
+
+def _check_times(start: int, end: int, limits: Limits, now_ns: int) -> str | None:
+    if start <= 0 or end <= 0:
+        return "missing start or end time"
+    if end < start:
+        return "end time before start time"
+    if start < now_ns - limits.max_age_s * 1_000_000_000 or start > now_ns + limits.max_future_s * 1_000_000_000:
+        return "start time outside the accepted window"
+    if end - start > limits.max_duration_s * 1_000_000_000:
+        return "duration exceeds the limit"
+    return None
+
+
+def _pb_span(span, resource: dict, scope_name: str, scope_version: str, limits: Limits, now_ns: int, out: Decoded) -> None:
+    trace_id = span.trace_id
+    span_id = span.span_id
+    parent = span.parent_span_id
+    if len(trace_id) != 16 or len(span_id) != 8 or (parent and len(parent) != 8):
+        out.rejected["invalid trace or span id"] += 1
+        return
+    trace_hex = trace_id.hex()
+    span_hex = span_id.hex()
+    if trace_hex == _ZERO_TRACE or span_hex == _ZERO_SPAN:
+        out.rejected["invalid trace or span id"] += 1
+        return
+    start = span.start_time_unix_nano
+    end = span.end_time_unix_nano
+    problem = _check_times(start, end, limits, now_ns)
+    if problem:
+        out.rejected[problem] += 1
+        return
+    trimmer = _Trimmer(limits)
+    attributes = _pb_attributes(span.attributes, trimmer)
+    events = []
+    if span.events:
+        raw_events = span.events
+        if len(raw_events) > limits.max_events:
+            trimmer.dropped += len(raw_events) - limits.max_events
+            raw_events = raw_events[: limits.max_events]
+        events = [SpanEvent(e.time_unix_nano, trimmer.text(e.name), _pb_attributes(e.attributes, trimmer)) for e in raw_events]
+    status = span.status
+    name = span.name
+    if len(name) > 1024:
+        name = trimmer.text(name)[:1024]
+    out.spans.append(
+        SpanView(
+            trace_hex,
+            span_hex,
+            parent.hex() if parent else "",
+            name,
+            span.kind,
+            start,
+            end,
+            status.code,
+            trimmer.text(status.message) if status.message else "",
+            attributes,
+            events,
+            resource,
+            scope_name,
+            scope_version,
+            [(link.trace_id.hex(), link.span_id.hex()) for link in span.links[: limits.max_events]] if span.links else [],
+        )
+    )
+    out.dropped.append(trimmer.dropped + span.dropped_attributes_count)
+
+
+def decode_protobuf(data: bytes, limits: Limits, now_ns: int | None = None) -> Decoded:
+    now_ns = now_ns or time.time_ns()
+    out = Decoded([], [], Counter())
+    try:
+        request = ExportTraceServiceRequest.FromString(data)
+    except DecodeError:
+        # Usually bad UTF-8 in one string: re-read span by span so only the bad spans are lost.
+        _decode_protobuf_tolerant(data, limits, now_ns, out)
+        return out
+    for resource_spans in request.resource_spans:
+        resource = _pb_attributes(resource_spans.resource.attributes, _Trimmer(limits))
+        for scope_spans in resource_spans.scope_spans:
+            scope = scope_spans.scope
+            for span in scope_spans.spans:
+                _pb_span(span, resource, scope.name, scope.version, limits, now_ns, out)
+    return out
+
+
+def _read_varint(data: bytes, pos: int) -> tuple[int, int]:
+    result = 0
+    shift = 0
+    while True:
+        if pos >= len(data) or shift > 63:
+            raise MalformedPayload("truncated protobuf varint")
+        byte = data[pos]
+        pos += 1
+        result |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return result, pos
+        shift += 7
+
+
+def _fields(data: bytes):
+    """Yield (field number, wire type, value) of one protobuf message; values of wire type 2 are bytes."""
+    pos = 0
+    end = len(data)
+    while pos < end:
+        key, pos = _read_varint(data, pos)
+        number, wire = key >> 3, key & 7
+        if wire == 0:
+            value, pos = _read_varint(data, pos)
+        elif wire == 1:
+            value, pos = data[pos : pos + 8], pos + 8
+        elif wire == 2:
+            length, pos = _read_varint(data, pos)
+            if pos + length > end:
+                raise MalformedPayload("truncated protobuf field")
+            value, pos = data[pos : pos + length], pos + length
+        elif wire == 5:
+            value, pos = data[pos : pos + 4], pos + 4
+        else:
+            raise MalformedPayload(f"unsupported protobuf wire type {wire}")
+        if pos > end:
+            raise MalformedPayload("truncated protobuf field")
+        yield number, wire, value
+
+
+def _decode_protobuf_tolerant(data: bytes, limits: Limits, now_ns: int, out: Decoded) -> None:
+    # ExportTraceServiceRequest.resource_spans = 1; ResourceSpans.resource = 1, scope_spans = 2;
+    # ScopeSpans.scope = 1, spans = 2.
+    for number, wire, resource_spans in _fields(data):
+        if number != 1 or wire != 2:
+            continue
+        resource_raw = b""
+        scopes: list[bytes] = []
+        for rnum, rwire, rvalue in _fields(resource_spans):
+            if rnum == 1 and rwire == 2:
+                resource_raw = rvalue
+            elif rnum == 2 and rwire == 2:
+                scopes.append(rvalue)
+        try:
+            resource = _pb_attributes(Resource.FromString(resource_raw).attributes, _Trimmer(limits))
+        except DecodeError:
+            resource = None
+        for scope_spans in scopes:
+            scope_raw = b""
+            spans: list[bytes] = []
+            for snum, swire, svalue in _fields(scope_spans):
+                if snum == 1 and swire == 2:
+                    scope_raw = svalue
+                elif snum == 2 and swire == 2:
+                    spans.append(svalue)
+            try:
+                scope = InstrumentationScope.FromString(scope_raw)
+            except DecodeError:
+                scope = None
+            if resource is None or scope is None:
+                out.rejected["invalid UTF-8 or malformed resource/scope"] += len(spans)
+                continue
+            for raw in spans:
+                try:
+                    span = Span.FromString(raw)
+                except DecodeError:
+                    out.rejected["invalid UTF-8 or malformed span"] += 1
+                    continue
+                _pb_span(span, resource, scope.name, scope.version, limits, now_ns, out)
+
+
+# -- OTLP JSON -----------------------------------------------------------------------------------
+
+
+def _get(obj: dict, camel: str, snake: str, default=None):
+    value = obj.get(camel)
+    if value is None:
+        value = obj.get(snake, default)
+    return default if value is None else value
+
+
+def _json_int(value) -> int:
+    if isinstance(value, bool):
+        raise ValueError("boolean where an integer was expected")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        return int(value)
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    raise ValueError(f"not an integer: {value!r}")
+
+
+def _json_id(value, size: int) -> str:
+    if not isinstance(value, str) or len(value) != size * 2:
+        raise ValueError("bad id")
+    try:
+        return bytes.fromhex(value).hex()
+    except ValueError:
+        raise ValueError("bad id") from None
+
+
+def _json_value(value, trimmer: _Trimmer, depth: int = 0):
+    if not isinstance(value, dict):
+        return None
+    if "stringValue" in value or "string_value" in value:
+        text = _get(value, "stringValue", "string_value", "")
+        if not isinstance(text, str):
+            raise ValueError("stringValue is not a string")
+        return trimmer.text(text)
+    if "intValue" in value or "int_value" in value:
+        return _json_int(_get(value, "intValue", "int_value"))
+    if "doubleValue" in value or "double_value" in value:
+        raw = _get(value, "doubleValue", "double_value")
+        if isinstance(raw, bool) or not isinstance(raw, (int, float, str)):
+            raise ValueError("doubleValue is not a number")
+        return float(raw)
+    if "boolValue" in value or "bool_value" in value:
+        raw = _get(value, "boolValue", "bool_value")
+        if not isinstance(raw, bool):
+            raise ValueError("boolValue is not a boolean")
+        return raw
+    if "bytesValue" in value or "bytes_value" in value:
+        try:
+            return trimmer.text(base64.b64decode(_get(value, "bytesValue", "bytes_value"), validate=True).hex())
+        except (binascii.Error, TypeError, ValueError):
+            raise ValueError("bytesValue is not base64") from None
+    if depth >= 8:
+        trimmer.dropped += 1
+        return None
+    if "arrayValue" in value or "array_value" in value:
+        items = _get(_get(value, "arrayValue", "array_value", {}), "values", "values", [])
+        if not isinstance(items, list):
+            raise ValueError("arrayValue.values is not a list")
+        return [_json_value(v, trimmer, depth + 1) for v in items[: trimmer.limits.max_attributes]]
+    if "kvlistValue" in value or "kvlist_value" in value:
+        items = _get(_get(value, "kvlistValue", "kvlist_value", {}), "values", "values", [])
+        return _json_attributes(items, trimmer, depth + 1)
+    return None
+
+
+def _json_attributes(items, trimmer: _Trimmer, depth: int = 0) -> dict[str, Any]:
+    if not items:
+        return {}
+    if not isinstance(items, list):
+        raise ValueError("attributes is not a list")
+    limit = trimmer.limits.max_attributes
+    if len(items) > limit:
+        trimmer.dropped += len(items) - limit
+        items = items[:limit]
+    out = {}
+    for kv in items:
+        if not isinstance(kv, dict):
+            raise ValueError("attribute is not an object")
+        key = kv.get("key")
+        if not isinstance(key, str) or not key or len(key) > _MAX_KEY_BYTES:
+            trimmer.dropped += 1
+            continue
+        out[key] = _json_value(kv.get("value"), trimmer, depth)
+    return out
+
+
+def _has_bad_text(obj) -> bool:
+    """True when a decoded JSON value holds a lone surrogate (bad UTF-8 or a bad \\u escape)."""
+    if isinstance(obj, str):
+        if obj.isascii():
+            return False
+        try:
+            obj.encode("utf-8")
+            return False
+        except UnicodeEncodeError:
+            return True
+    if isinstance(obj, dict):
+        return any(_has_bad_text(k) or _has_bad_text(v) for k, v in obj.items())
+    if isinstance(obj, list):
+        return any(_has_bad_text(v) for v in obj)
+    return False
+
+
+def decode_json(data: bytes, limits: Limits, now_ns: int | None = None) -> Decoded:
+    now_ns = now_ns or time.time_ns()
+    out = Decoded([], [], Counter())
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        # Keep going so that only the spans holding the bad bytes are rejected.
+        text = data.decode("utf-8", "surrogateescape")
+    try:
+        document = json.loads(text)
+    except (json.JSONDecodeError, RecursionError) as exc:
+        raise MalformedPayload(f"invalid JSON: {exc}") from None
+    if not isinstance(document, dict):
+        raise MalformedPayload("OTLP JSON must be an object with resourceSpans")
+    resource_spans_list = _get(document, "resourceSpans", "resource_spans", [])
+    if not isinstance(resource_spans_list, list):
+        raise MalformedPayload("resourceSpans must be a list")
+    for resource_spans in resource_spans_list:
+        if not isinstance(resource_spans, dict):
+            raise MalformedPayload("resourceSpans items must be objects")
+        scope_list = _get(resource_spans, "scopeSpans", "scope_spans", [])
+        if not isinstance(scope_list, list):
+            raise MalformedPayload("scopeSpans must be a list")
+        resource_obj = _get(resource_spans, "resource", "resource", {})
+        try:
+            if _has_bad_text(resource_obj):
+                raise ValueError("bad UTF-8")
+            resource = _json_attributes(resource_obj.get("attributes") if isinstance(resource_obj, dict) else None, _Trimmer(limits))
+        except (ValueError, TypeError, AttributeError):
+            resource = None
+        for scope_spans in scope_list:
+            if not isinstance(scope_spans, dict):
+                raise MalformedPayload("scopeSpans items must be objects")
+            spans = _get(scope_spans, "spans", "spans", [])
+            if not isinstance(spans, list):
+                raise MalformedPayload("spans must be a list")
+            scope = _get(scope_spans, "scope", "scope", {})
+            scope_name = scope.get("name", "") if isinstance(scope, dict) else ""
+            scope_version = scope.get("version", "") if isinstance(scope, dict) else ""
+            if resource is None or not isinstance(scope_name, str) or not isinstance(scope_version, str) or _has_bad_text(scope):
+                out.rejected["invalid UTF-8 or malformed resource/scope"] += len(spans)
+                continue
+            for span in spans:
+                _json_span(span, resource, scope_name, scope_version, limits, now_ns, out)
+    return out
+
+
+def _json_span(span, resource, scope_name, scope_version, limits: Limits, now_ns: int, out: Decoded) -> None:
+    if not isinstance(span, dict):
+        out.rejected["malformed span"] += 1
+        return
+    if _has_bad_text(span):
+        out.rejected["invalid UTF-8 or malformed span"] += 1
+        return
+    try:
+        trace_id = _json_id(_get(span, "traceId", "trace_id"), 16)
+        span_id = _json_id(_get(span, "spanId", "span_id"), 8)
+        parent_raw = _get(span, "parentSpanId", "parent_span_id", "")
+        parent = _json_id(parent_raw, 8) if parent_raw else ""
+    except ValueError:
+        out.rejected["invalid trace or span id"] += 1
+        return
+    if trace_id == _ZERO_TRACE or span_id == _ZERO_SPAN:
+        out.rejected["invalid trace or span id"] += 1
+        return
+    trimmer = _Trimmer(limits)
+    try:
+        start = _json_int(_get(span, "startTimeUnixNano", "start_time_unix_nano", 0))
+        end = _json_int(_get(span, "endTimeUnixNano", "end_time_unix_nano", 0))
+        problem = _check_times(start, end, limits, now_ns)
+        if problem:
+            out.rejected[problem] += 1
+            return
+        name = _get(span, "name", "name", "")
+        kind = _json_int(_get(span, "kind", "kind", 0))
+        status = _get(span, "status", "status", {})
+        if not isinstance(name, str) or not isinstance(status, dict) or not 0 <= kind <= 5:
+            raise ValueError("bad name, kind or status")
+        status_code = _json_int(status.get("code", 0))
+        status_message = status.get("message", "")
+        if not isinstance(status_message, str) or not 0 <= status_code <= 2:
+            raise ValueError("bad status")
+        attributes = _json_attributes(span.get("attributes"), trimmer)
+        raw_events = span.get("events") or []
+        if not isinstance(raw_events, list):
+            raise ValueError("events is not a list")
+        if len(raw_events) > limits.max_events:
+            trimmer.dropped += len(raw_events) - limits.max_events
+            raw_events = raw_events[: limits.max_events]
+        events = []
+        for event in raw_events:
+            if not isinstance(event, dict) or not isinstance(event.get("name", ""), str):
+                raise ValueError("bad event")
+            events.append(
+                SpanEvent(
+                    _json_int(_get(event, "timeUnixNano", "time_unix_nano", 0)),
+                    trimmer.text(event.get("name", "")),
+                    _json_attributes(event.get("attributes"), trimmer),
+                )
+            )
+        dropped = _json_int(_get(span, "droppedAttributesCount", "dropped_attributes_count", 0))
+        links = []
+        for link in (span.get("links") or [])[: limits.max_events]:
+            if not isinstance(link, dict):
+                raise ValueError("bad link")
+            links.append((_json_id(_get(link, "traceId", "trace_id"), 16), _json_id(_get(link, "spanId", "span_id"), 8)))
+    except (ValueError, TypeError, AttributeError, OverflowError):
+        out.rejected["malformed span"] += 1
+        return
+    out.spans.append(
+        SpanView(
+            trace_id,
+            span_id,
+            parent,
+            trimmer.text(name)[:1024],
+            kind,
+            start,
+            end,
+            status_code,
+            trimmer.text(status_message),
+            attributes,
+            events,
+            resource,
+            scope_name,
+            scope_version,
+            links,
+        )
+    )
+    out.dropped.append(trimmer.dropped + max(dropped, 0))

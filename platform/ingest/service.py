@@ -1,0 +1,148 @@
+"""One OTLP export, whatever the transport: limits, decode, normalise, make durable, answer per the OTLP spec.
+
+A spool record is `(project_id, span_rows, call_rows, trace_ids)`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+
+from google.rpc import status_pb2
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
+
+from collectors.registry import normalise_span
+from tenancy.keys import IngestIdentity
+
+from . import metrics
+from .limits import MalformedPayload, PayloadTooLarge, UnsupportedEncoding, decompress
+from .otlp import Decoded, Limits, decode_json, decode_protobuf
+from .rows import call_row, span_row, string_map
+from .spool import Spool, SpoolFull
+
+PROTOBUF_TYPES = {"application/x-protobuf", "application/protobuf"}
+JSON_TYPES = {"application/json"}
+
+# google.rpc.Code values used in Status bodies
+_CODE_INVALID_ARGUMENT = 3
+_CODE_RESOURCE_EXHAUSTED = 8
+_CODE_UNAUTHENTICATED = 16
+_CODE_UNAVAILABLE = 14
+
+
+@dataclasses.dataclass
+class ExportOutcome:
+    http_status: int
+    accepted: int = 0
+    rejected: int = 0
+    message: str = ""
+    retry_after: int | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.http_status == 200
+
+    def grpc_code_name(self) -> str:
+        return {
+            200: "OK",
+            400: "INVALID_ARGUMENT",
+            401: "UNAUTHENTICATED",
+            413: "RESOURCE_EXHAUSTED",
+            415: "INVALID_ARGUMENT",
+            429: "RESOURCE_EXHAUSTED",
+            503: "UNAVAILABLE",
+        }.get(self.http_status, "INTERNAL")
+
+    def response_body(self, as_json: bool) -> bytes:
+        """The OTLP response: ExportTraceServiceResponse on success, google.rpc.Status otherwise."""
+        if self.ok:
+            if as_json:
+                body = {}
+                if self.rejected:
+                    body["partialSuccess"] = {"rejectedSpans": str(self.rejected), "errorMessage": self.message}
+                return json.dumps(body).encode()
+            response = ExportTraceServiceResponse()
+            if self.rejected:
+                response.partial_success.rejected_spans = self.rejected
+                response.partial_success.error_message = self.message
+            return response.SerializeToString()
+        code = {400: _CODE_INVALID_ARGUMENT, 401: _CODE_UNAUTHENTICATED, 413: _CODE_RESOURCE_EXHAUSTED,
+                415: _CODE_INVALID_ARGUMENT, 429: _CODE_RESOURCE_EXHAUSTED, 503: _CODE_UNAVAILABLE}.get(self.http_status, 13)
+        if as_json:
+            return json.dumps({"code": code, "message": self.message}).encode()
+        return status_pb2.Status(code=code, message=self.message).SerializeToString()
+
+
+class IngestService:
+    def __init__(self, spool: Spool, *, limits: Limits, max_body_bytes: int, max_decompressed_bytes: int,
+                 retry_after: int):
+        self.spool = spool
+        self.limits = limits
+        self.max_body_bytes = max_body_bytes
+        self.max_decompressed_bytes = max_decompressed_bytes
+        self.retry_after = retry_after
+
+    def export(self, identity: IngestIdentity | None, body: bytes, *, content_type: str, content_encoding: str = "",
+               protocol: str = "http") -> ExportOutcome:
+        outcome = self._export(identity, body, content_type, content_encoding, protocol)
+        metrics.EXPORT_REQUESTS.labels(protocol, str(outcome.http_status)).inc()
+        return outcome
+
+    def _export(self, identity, body, content_type, content_encoding, protocol) -> ExportOutcome:
+        if identity is None:
+            return ExportOutcome(401, message="missing or invalid ingest key (Authorization: Bearer <key>)")
+        if len(body) > self.max_body_bytes:
+            return ExportOutcome(413, message=f"request body exceeds {self.max_body_bytes} bytes")
+        if self.spool.pending_bytes >= self.spool.max_bytes:
+            return ExportOutcome(503, message="ingest spool is full; retry later", retry_after=self.retry_after)
+        media_type = (content_type or "").split(";", 1)[0].strip().lower()
+        if media_type not in PROTOBUF_TYPES and media_type not in JSON_TYPES:
+            return ExportOutcome(415, message="Content-Type must be application/x-protobuf or application/json")
+        try:
+            payload = decompress(body, content_encoding, self.max_decompressed_bytes)
+            if media_type in JSON_TYPES:
+                decoded = decode_json(payload, self.limits)
+            else:
+                decoded = decode_protobuf(payload, self.limits)
+        except PayloadTooLarge as exc:
+            return ExportOutcome(413, message=str(exc))
+        except UnsupportedEncoding as exc:
+            return ExportOutcome(415, message=str(exc))
+        except MalformedPayload as exc:
+            return ExportOutcome(400, message=str(exc))
+        received = len(decoded.spans) + decoded.rejected_count
+        metrics.SPANS_RECEIVED.labels(protocol).inc(received)
+        for reason, count in decoded.rejected.items():
+            metrics.SPANS_REJECTED.labels(protocol, reason).inc(count)
+        if decoded.spans:
+            record = build_record(identity, decoded)
+            try:
+                self.spool.append(record)
+            except SpoolFull:
+                return ExportOutcome(503, message="ingest spool is full; retry later", retry_after=self.retry_after)
+            metrics.SPANS_ACCEPTED.labels(protocol).inc(len(decoded.spans))
+            metrics.SPOOL_PENDING_BYTES.set(self.spool.pending_bytes)
+        return ExportOutcome(200, accepted=len(decoded.spans), rejected=decoded.rejected_count, message=decoded.message())
+
+
+def build_record(identity: IngestIdentity, decoded: Decoded) -> tuple:
+    project_id = identity.project_id
+    retention = identity.retention_days
+    span_rows = []
+    call_rows = []
+    trace_ids = set()
+    resource_maps: dict[int, dict[str, str]] = {}
+    truncated = 0
+    for span, dropped in zip(decoded.spans, decoded.dropped):
+        resource_key = id(span.resource)
+        resource_map = resource_maps.get(resource_key)
+        if resource_map is None:
+            resource_map = resource_maps[resource_key] = string_map(span.resource)
+        call = normalise_span(span)
+        span_rows.append(span_row(project_id, retention, span, dropped, call.convention if call else "", resource_map))
+        if call is not None:
+            call_rows.append(call_row(project_id, retention, call))
+        trace_ids.add(span.trace_id)
+        truncated += dropped
+    if truncated:
+        metrics.ATTRIBUTES_TRUNCATED.inc(truncated)
+    return (project_id, span_rows, call_rows, sorted(trace_ids))

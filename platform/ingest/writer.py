@@ -1,0 +1,124 @@
+"""Moves spooled batches into ClickHouse in order, retrying while ClickHouse is away, and reports what it wrote."""
+from __future__ import annotations
+
+import logging
+import pickle
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from traces.store import ClickHouseStore, StoreUnavailable
+
+from . import metrics
+from .rows import CALL_COLUMNS, SPAN_COLUMNS
+from .spool import Spool
+
+log = logging.getLogger(__name__)
+
+
+class SpanWriter(threading.Thread):
+    def __init__(self, spool: Spool, store: ClickHouseStore, *, batch_spans: int, max_delay: float,
+                 on_written: Callable[[list[tuple]], None] | None = None):
+        super().__init__(name="span-writer", daemon=True)
+        self.spool = spool
+        self.store = store
+        self.batch_spans = batch_spans
+        self.max_delay = max_delay
+        self.on_written = on_written
+        self._stop_event = threading.Event()
+        self._idle = threading.Event()
+        self.position = spool.checkpoint
+        self.deadletter_dir = Path(spool.dir) / "deadletter"
+
+    def stop(self) -> None:
+        self._stop_event.set()
+        with self.spool._new_data:
+            self.spool._new_data.notify_all()
+
+    def wait_idle(self, timeout: float) -> bool:
+        """True once everything appended so far has reached ClickHouse (tests and benchmarks)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.spool.pending_bytes == 0:
+                return True
+            time.sleep(0.01)
+        return self.spool.pending_bytes == 0
+
+    def run(self) -> None:
+        backoff = 0.1
+        while not self._stop_event.is_set():
+            try:
+                records, next_position = self._collect()
+                if not records:
+                    continue
+                self._write(records)
+                # Report before committing: after a crash in between, the replay reports again.
+                if self.on_written is not None:
+                    self.on_written([r for _, r in records])
+                self.spool.commit(next_position)
+                self.position = next_position
+                metrics.SPOOL_PENDING_BYTES.set(self.spool.pending_bytes)
+                backoff = 0.1
+            except StoreUnavailable as exc:
+                metrics.STORE_UNAVAILABLE.inc()
+                log.warning("ClickHouse unavailable, spooled data kept (retry in %.1fs): %s", backoff, exc)
+                self._stop_event.wait(backoff)
+                backoff = min(backoff * 2, 10.0)
+            except Exception:  # keep the writer alive whatever happens; the data stays in the spool
+                log.exception("span writer failed; retrying")
+                self._stop_event.wait(backoff)
+                backoff = min(backoff * 2, 10.0)
+
+    def _collect(self):
+        records, next_position = self.spool.read_from(self.position, max_records=256)
+        spans = sum(len(r[1]) for _, r in records)
+        deadline = time.monotonic() + self.max_delay
+        while spans < self.batch_spans and time.monotonic() < deadline and not self._stop_event.is_set():
+            if not records:
+                self.spool.wait_for_data(self.max_delay)
+            else:
+                time.sleep(min(0.02, self.max_delay))
+            more, next_position = self.spool.read_from(next_position, max_records=256)
+            if not more and records:
+                break
+            records.extend(more)
+            spans += sum(len(r[1]) for _, r in more)
+        return records, next_position
+
+    def _insert(self, records) -> None:
+        span_rows = [row for _, record in records for row in record[1]]
+        call_rows = [row for _, record in records for row in record[2]]
+        started = time.perf_counter()
+        self.store.insert("spans", span_rows, SPAN_COLUMNS)
+        metrics.INSERT_SECONDS.labels("spans").observe(time.perf_counter() - started)
+        metrics.INSERT_ROWS.labels("spans").inc(len(span_rows))
+        if call_rows:
+            started = time.perf_counter()
+            self.store.insert("llm_calls", call_rows, CALL_COLUMNS)
+            metrics.INSERT_SECONDS.labels("llm_calls").observe(time.perf_counter() - started)
+            metrics.INSERT_ROWS.labels("llm_calls").inc(len(call_rows))
+
+    def _write(self, records) -> None:
+        try:
+            self._insert(records)
+        except StoreUnavailable:
+            raise
+        except Exception:
+            # ClickHouse refused the data itself: find the bad record(s) so the rest goes through.
+            log.exception("ClickHouse refused a batch of %d records; inserting one by one", len(records))
+            for item in records:
+                try:
+                    self._insert([item])
+                except StoreUnavailable:
+                    raise
+                except Exception as exc:
+                    self._deadletter(item, exc)
+
+    def _deadletter(self, item, exc: Exception) -> None:
+        position, record = item
+        self.deadletter_dir.mkdir(exist_ok=True)
+        path = self.deadletter_dir / f"{position[0]:012d}-{position[1]:012d}.pickle"
+        path.write_bytes(pickle.dumps({"error": repr(exc), "record": record}))
+        metrics.SPOOL_DEADLETTER.inc()
+        log.error("spool record %s kept in %s: ClickHouse refused it: %s", position, path, exc)

@@ -1,0 +1,111 @@
+"""The long-lived parts of one platform process: trace store, spool, writer, request builder and ingest service.
+
+In embedded mode this process is the only one that may open the chdb directory, so
+everything touching ClickHouse runs here, on threads.
+"""
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import threading
+from pathlib import Path
+
+from django.conf import settings
+
+from ingest.otlp import Limits
+from ingest.service import IngestService
+from ingest.spool import Spool
+from ingest.writer import SpanWriter
+from traces import ch_migrate
+from traces.request_builder import RequestBuilder
+from traces.store import ClickHouseStore, get_store
+
+log = logging.getLogger(__name__)
+
+
+class SpoolInUse(RuntimeError):
+    pass
+
+
+class PlatformRuntime:
+    def __init__(self, store: ClickHouseStore | None = None, spool_dir: str | None = None):
+        ingest = settings.INGEST
+        self.store = store or get_store()
+        self.spool_dir = Path(spool_dir or ingest["SPOOL_DIR"])
+        self.spool_dir.mkdir(parents=True, exist_ok=True)
+        self._lock_file = open(self.spool_dir / "LOCK", "w")
+        try:
+            fcntl.flock(self._lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._lock_file.close()
+            raise SpoolInUse(f"another platform process is using the spool {self.spool_dir}") from None
+        self._lock_file.write(str(os.getpid()))
+        self._lock_file.flush()
+        self.spool = Spool(
+            self.spool_dir,
+            max_bytes=ingest["SPOOL_MAX_BYTES"],
+            segment_bytes=ingest["SPOOL_SEGMENT_BYTES"],
+            fsync=ingest["SPOOL_FSYNC"],
+        )
+        self.service = IngestService(
+            self.spool,
+            limits=Limits.from_settings(ingest),
+            max_body_bytes=ingest["MAX_BODY_BYTES"],
+            max_decompressed_bytes=ingest["MAX_DECOMPRESSED_BYTES"],
+            retry_after=ingest["RETRY_AFTER_SECONDS"],
+        )
+        self.builder = RequestBuilder(self.store, interval=ingest["DECOMPOSE_INTERVAL_SECONDS"], state_dir=self.spool_dir)
+        self.writer = SpanWriter(
+            self.spool,
+            self.store,
+            batch_spans=ingest["WRITER_BATCH_SPANS"],
+            max_delay=ingest["WRITER_MAX_DELAY_SECONDS"],
+            on_written=self.builder.mark_written,
+        )
+        self.started = False
+
+    def start(self, migrate: bool = True) -> None:
+        from tenancy.models import Project
+
+        if migrate:
+            try:
+                for name in ch_migrate.apply(self.store, log=log.info):
+                    log.info("applied ClickHouse migration %s", name)
+                recovered = self.builder.recover(list(Project.objects.values_list("id", flat=True)))
+                if recovered:
+                    log.info("rebuilding %d traces ingested before the last stop", recovered)
+            except Exception as exc:  # ClickHouse away at start: ingest still works into the spool
+                log.warning("ClickHouse not ready at start (%s); spooling until it is", exc)
+        self.writer.start()
+        self.builder.start()
+        self.started = True
+
+    def wait_idle(self, timeout: float = 60.0) -> bool:
+        """Everything accepted so far is in ClickHouse and decomposed (tests, benchmarks)."""
+        return self.writer.wait_idle(timeout) and self.builder.wait_idle(timeout)
+
+    def stop(self) -> None:
+        self.writer.stop()
+        self.builder.stop()
+        if self.started:
+            self.writer.join(timeout=30)
+            self.builder.join(timeout=30)
+        self.spool.close()
+        fcntl.flock(self._lock_file, fcntl.LOCK_UN)
+        self._lock_file.close()
+        self.started = False
+
+
+_runtime: PlatformRuntime | None = None
+_runtime_lock = threading.Lock()
+
+
+def set_runtime(runtime: PlatformRuntime | None) -> None:
+    global _runtime
+    with _runtime_lock:
+        _runtime = runtime
+
+
+def get_runtime() -> PlatformRuntime | None:
+    return _runtime

@@ -1,0 +1,82 @@
+"""Run the whole platform in this process: runtime threads, OTLP/gRPC and the web server (waitress)."""
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+
+from django.conf import settings
+from waitress.server import create_server
+
+from ingest.grpc_server import build_server
+
+from .runtime import PlatformRuntime, set_runtime
+from .wsgi import application
+
+log = logging.getLogger(__name__)
+
+
+class PlatformServer:
+    def __init__(self, http_bind: str | None = None, grpc_bind: str | None = None, *, grpc_enabled: bool | None = None):
+        self.http_bind = http_bind or settings.HTTP_BIND
+        self.grpc_bind = grpc_bind or settings.OTLP_GRPC_BIND
+        self.grpc_enabled = settings.OTLP_GRPC_ENABLED if grpc_enabled is None else grpc_enabled
+        self.runtime: PlatformRuntime | None = None
+        self.http = None
+        self.grpc = None
+        self._stopped = threading.Event()
+
+    def start(self) -> None:
+        self.runtime = PlatformRuntime()
+        self.runtime.start()
+        set_runtime(self.runtime)
+        if self.grpc_enabled:
+            self.grpc = build_server(self.runtime.service, self.grpc_bind)
+            self.grpc.start()
+        host, _, port = self.http_bind.rpartition(":")
+        self.http = create_server(
+            application,
+            host=host.strip("[]") or "127.0.0.1",
+            port=int(port),
+            threads=settings.HTTP_THREADS,
+            max_request_body_size=settings.INGEST["MAX_BODY_BYTES"] + 1,
+            channel_timeout=60,
+            connection_limit=200,
+            ident="llm-observatory",
+        )
+
+    @property
+    def http_port(self) -> int:
+        return self.http.effective_port
+
+    @property
+    def grpc_port(self) -> int | None:
+        return self.grpc.bound_port if self.grpc else None
+
+    def serve_forever(self) -> None:
+        try:
+            self.http.run()
+        finally:
+            self.stop()
+
+    def stop(self) -> None:
+        if self._stopped.is_set():
+            return
+        self._stopped.set()
+        if self.http is not None:
+            self.http.close()
+        if self.grpc is not None:
+            self.grpc.stop(grace=5).wait(6)
+        if self.runtime is not None:
+            # Stop taking data, then let the writer drain what it can; the rest stays in the spool.
+            set_runtime(None)
+            self.runtime.wait_idle(timeout=10)
+            self.runtime.stop()
+
+    def install_signal_handlers(self) -> None:
+        def handle(signum, frame):
+            log.info("signal %s: shutting down", signum)
+            threading.Thread(target=self.stop, daemon=True).start()
+
+        signal.signal(signal.SIGTERM, handle)
+        signal.signal(signal.SIGINT, handle)

@@ -1,0 +1,200 @@
+"""All settings, read from the environment: embedded mode by default, server mode when service URLs are set."""
+from __future__ import annotations
+
+import os
+import secrets as _secrets  # stdlib; aliased so nothing here looks like a module of ours
+from pathlib import Path
+from urllib.parse import parse_qsl, unquote, urlparse
+
+BASE_DIR = Path(__file__).resolve().parent.parent.parent  # the repository root
+
+
+def env(name: str, default: str | None = None) -> str | None:
+    """A setting from NAME, or from the file named by NAME_FILE (for Docker/K8s secrets)."""
+    file_name = os.environ.get(f"{name}_FILE")
+    if file_name:
+        return Path(file_name).read_text().strip()
+    return os.environ.get(name, default)
+
+
+def envbool(name: str, default: bool) -> bool:
+    value = env(name)
+    if value is None or value == "":
+        return default
+    return value.strip().lower() in {"1", "true", "yes", "on"}
+
+
+def envint(name: str, default: int) -> int:
+    value = env(name)
+    return default if value in (None, "") else int(value)
+
+
+def envfloat(name: str, default: float) -> float:
+    value = env(name)
+    return default if value in (None, "") else float(value)
+
+
+DATA_DIR = Path(env("OBSERVATORY_DATA_DIR", str(BASE_DIR / ".data"))).resolve()
+
+
+def _secret_key() -> str:
+    configured = env("SECRET_KEY")
+    if configured:
+        return configured
+    # Embedded mode: a key generated once and kept beside the data, so sessions survive restarts.
+    path = DATA_DIR / "secret_key"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(_secrets.token_urlsafe(48))
+        path.chmod(0o600)
+    return path.read_text().strip()
+
+
+SECRET_KEY = _secret_key()
+DEBUG = envbool("DEBUG", False)
+ALLOWED_HOSTS = [h.strip() for h in (env("ALLOWED_HOSTS", "127.0.0.1,localhost,[::1]") or "").split(",") if h.strip()]
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "tenancy",
+    "ingest",
+    "traces",
+    "observatory",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "observatory.urls"
+WSGI_APPLICATION = "observatory.wsgi.application"
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
+]
+
+
+def database_from_url(url: str) -> dict:
+    """DATABASE_URL → Django DATABASES entry (postgres:// or postgresql://, sqlite:///path)."""
+    parsed = urlparse(url)
+    if parsed.scheme in {"postgres", "postgresql", "pgsql"}:
+        options = dict(parse_qsl(parsed.query))
+        return {
+            "ENGINE": "django.db.backends.postgresql",
+            "NAME": unquote(parsed.path.lstrip("/")) or "postgres",
+            "USER": unquote(parsed.username or ""),
+            "PASSWORD": unquote(parsed.password or ""),
+            "HOST": parsed.hostname or "",
+            "PORT": str(parsed.port or ""),
+            "CONN_MAX_AGE": envint("DATABASE_CONN_MAX_AGE", 60),
+            "CONN_HEALTH_CHECKS": True,
+            "OPTIONS": options,
+        }
+    if parsed.scheme == "sqlite":
+        return {"ENGINE": "django.db.backends.sqlite3", "NAME": unquote(parsed.path) or ":memory:"}
+    raise ValueError(f"DATABASE_URL: unsupported scheme {parsed.scheme!r} (use postgresql:// or sqlite:///)")
+
+
+DATABASE_URL = env("DATABASE_URL")
+if DATABASE_URL:
+    DATABASES = {"default": database_from_url(DATABASE_URL)}
+else:
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": str(DATA_DIR / "observatory.sqlite3"),
+            "OPTIONS": {"timeout": 20, "init_command": "PRAGMA journal_mode=WAL;"},
+        }
+    }
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# ClickHouse: a server over HTTP when CLICKHOUSE_URL is set, else chdb in this process.
+CLICKHOUSE_URL = env("CLICKHOUSE_URL")
+CLICKHOUSE_DATABASE = env("CLICKHOUSE_DATABASE", "observatory")
+CLICKHOUSE_CHDB_PATH = env("CLICKHOUSE_CHDB_PATH", str(DATA_DIR / "chdb"))
+CLICKHOUSE_CLUSTER = env("CLICKHOUSE_CLUSTER", "") or ""
+CLICKHOUSE_RETENTION_DAYS = envint("CLICKHOUSE_RETENTION_DAYS", 30)
+EMBEDDED_MODE = not CLICKHOUSE_URL
+
+# Ingest limits and the durable spool between the receivers and ClickHouse.
+INGEST = {
+    "MAX_BODY_BYTES": envint("INGEST_MAX_BODY_BYTES", 16 * 1024 * 1024),
+    "MAX_DECOMPRESSED_BYTES": envint("INGEST_MAX_DECOMPRESSED_BYTES", 64 * 1024 * 1024),
+    "MAX_ATTRIBUTES_PER_SPAN": envint("INGEST_MAX_ATTRIBUTES_PER_SPAN", 256),
+    "MAX_ATTRIBUTE_VALUE_BYTES": envint("INGEST_MAX_ATTRIBUTE_VALUE_BYTES", 16 * 1024),
+    "MAX_EVENTS_PER_SPAN": envint("INGEST_MAX_EVENTS_PER_SPAN", 128),
+    "MAX_SPAN_AGE_SECONDS": envint("INGEST_MAX_SPAN_AGE_SECONDS", 7 * 24 * 3600),
+    "MAX_SPAN_FUTURE_SECONDS": envint("INGEST_MAX_SPAN_FUTURE_SECONDS", 3600),
+    "MAX_SPAN_DURATION_SECONDS": envint("INGEST_MAX_SPAN_DURATION_SECONDS", 24 * 3600),
+    "SPOOL_DIR": env("INGEST_SPOOL_DIR", str(DATA_DIR / "spool")),
+    "SPOOL_MAX_BYTES": envint("INGEST_SPOOL_MAX_BYTES", 2 * 1024 * 1024 * 1024),
+    "SPOOL_SEGMENT_BYTES": envint("INGEST_SPOOL_SEGMENT_BYTES", 64 * 1024 * 1024),
+    "SPOOL_FSYNC": envbool("INGEST_SPOOL_FSYNC", True),
+    "WRITER_BATCH_SPANS": envint("INGEST_WRITER_BATCH_SPANS", 20000),
+    "WRITER_MAX_DELAY_SECONDS": envfloat("INGEST_WRITER_MAX_DELAY_SECONDS", 0.2),
+    "DECOMPOSE_INTERVAL_SECONDS": envfloat("INGEST_DECOMPOSE_INTERVAL_SECONDS", 0.5),
+    "RETRY_AFTER_SECONDS": envint("INGEST_RETRY_AFTER_SECONDS", 5),
+    "KEY_CACHE_SECONDS": envfloat("INGEST_KEY_CACHE_SECONDS", 30.0),
+}
+DATA_UPLOAD_MAX_MEMORY_SIZE = INGEST["MAX_BODY_BYTES"]
+
+HTTP_BIND = env("OBSERVATORY_HTTP_BIND", "127.0.0.1:8000")
+HTTP_THREADS = envint("OBSERVATORY_HTTP_THREADS", 8)
+OTLP_GRPC_BIND = env("OBSERVATORY_OTLP_GRPC_BIND", "127.0.0.1:4317")
+OTLP_GRPC_ENABLED = envbool("OBSERVATORY_OTLP_GRPC_ENABLED", True)
+
+# Celery: Redis/RabbitMQ in server mode; a broker on the local filesystem in embedded mode.
+CELERY_BROKER_URL = env("CELERY_BROKER_URL", "") or "filesystem://"
+_fs_broker = DATA_DIR / "celery-broker"
+CELERY_BROKER_TRANSPORT_OPTIONS = (
+    {
+        "data_folder_in": str(_fs_broker / "out"),
+        "data_folder_out": str(_fs_broker / "out"),
+        "processed_folder": str(_fs_broker / "processed"),
+        "store_processed": False,
+    }
+    if CELERY_BROKER_URL == "filesystem://"
+    else {}
+)
+CELERY_RESULT_BACKEND = env("CELERY_RESULT_BACKEND") or None
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_ALWAYS_EAGER = envbool("CELERY_TASK_ALWAYS_EAGER", False)
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = False
+USE_TZ = True
+STATIC_URL = "static/"
+STATIC_ROOT = str(DATA_DIR / "static")
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env("LOG_LEVEL", "INFO")},
+    "loggers": {"waitress.queue": {"level": "ERROR"}},
+}

@@ -1,0 +1,18 @@
+from django.contrib import admin
+from django.urls import path
+
+from ingest.views import otlp_traces
+from traces.api import latency_summary_view, requests_view
+
+from . import views
+
+urlpatterns = [
+    path("v1/traces", otlp_traces, name="otlp-traces"),
+    path("api/v1/requests", requests_view, name="api-requests"),
+    path("api/v1/latency/summary", latency_summary_view, name="api-latency-summary"),
+    path("api/v1/openapi.json", views.openapi, name="api-openapi"),
+    path("metrics", views.prometheus_metrics, name="metrics"),
+    path("healthz", views.healthz),
+    path("readyz", views.readyz),
+    path("admin/", admin.site.urls),
+]

@@ -1,0 +1,40 @@
+"""Process-level endpoints: health, readiness, Prometheus metrics and the OpenAPI document."""
+from django.http import HttpResponse, JsonResponse
+from django.views.decorators.http import require_GET
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from ingest import metrics
+from traces.store import get_store
+
+from .openapi import OPENAPI
+from .runtime import get_runtime
+
+
+@require_GET
+def healthz(request):
+    return JsonResponse({"status": "ok"})
+
+
+@require_GET
+def readyz(request):
+    runtime = get_runtime()
+    store_ok = get_store().ping()
+    body = {
+        "ingest": runtime is not None,
+        "clickhouse": store_ok,
+        "spool_pending_bytes": runtime.spool.pending_bytes if runtime else None,
+    }
+    return JsonResponse(body, status=200 if runtime is not None else 503)
+
+
+@require_GET
+def prometheus_metrics(request):
+    runtime = get_runtime()
+    if runtime is not None:
+        metrics.SPOOL_PENDING_BYTES.set(runtime.spool.pending_bytes)
+    return HttpResponse(generate_latest(), content_type=CONTENT_TYPE_LATEST)
+
+
+@require_GET
+def openapi(request):
+    return JsonResponse(OPENAPI)

@@ -1,0 +1,1 @@
+"""Projects (the tenants), their ingest keys, users' roles in them and API tokens."""

@@ -1,0 +1,1 @@
+"""Trace ingestion app: joins the LLM spans of one trace into per-request latency records."""

@@ -1,0 +1,1 @@
+"""Numbered ClickHouse migrations (NNNN_name.py), each with `forwards(ctx)` and `backwards(ctx)` returning DDL."""

@@ -1,0 +1,99 @@
+"""ClickHouse queries behind the JSON API; every one filters on the project and takes values as parameters."""
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+from typing import Any
+
+from .store import ClickHouseStore
+
+GROUP_DIMENSIONS = ("model", "service", "prompt_bucket", "engine_config")
+FILTER_DIMENSIONS = ("model", "service", "engine_config", "prompt_bucket")
+TAIL_METRICS = ("e2e_ms", "ttft_ms", "tpot_ms")  # p50/p95/p99
+COMPONENT_METRICS = ("network_ms", "overhead_ms", "queue_ms", "prefill_ms", "decode_ms")  # p50/p95
+LEVELS = (0.5, 0.95, 0.99)
+TDIGEST_ERROR_NOTE = (
+    "ClickHouse quantilesTDigest: relative rank error typically under 1% (worse only for groups with very "
+    "few requests); pass exact=1 for exact percentiles"
+)
+
+REQUEST_FIELDS = (
+    "trace_id", "request_key", "request_id", "start_time", "service", "model", "engine_config", "prompt_tokens",
+    "completion_tokens", "prompt_bucket", "e2e_ms", "ttft_ms", "engine_ttft_ms", "tpot_ms", "network_ms",
+    "network_client_gateway_ms", "network_gateway_engine_ms", "overhead_ms", "queue_ms", "prefill_ms", "decode_ms",
+    "hops", "status",
+)
+
+
+def _clean(value: Any) -> Any:
+    if isinstance(value, float) and (math.isnan(value) or math.isinf(value)):
+        return None
+    if isinstance(value, dt.datetime):
+        return value.replace(tzinfo=dt.timezone.utc).isoformat().replace("+00:00", "Z") if value.tzinfo is None else value.isoformat()
+    return value
+
+
+def requests_for_trace(store: ClickHouseStore, project_id: int, trace_id: str) -> list[dict]:
+    columns = ", ".join(REQUEST_FIELDS)
+    rows = store.query(
+        f"SELECT {columns} FROM {store.table('llm_requests')} FINAL "
+        "WHERE project_id = {project_id:UInt32} AND trace_id = {trace_id:String} ORDER BY start_time, request_key",
+        project_id=project_id,
+        parameters={"trace_id": trace_id},
+    )
+    out = []
+    for row in rows:
+        item = {name: _clean(value) for name, value in zip(REQUEST_FIELDS, row)}
+        item["hops"] = json.loads(item["hops"] or "[]")
+        item["network_ms_per_hop"] = {
+            "client_gateway": item.pop("network_client_gateway_ms"),
+            "gateway_engine": item.pop("network_gateway_engine_ms"),
+        }
+        out.append(item)
+    return out
+
+
+def _filters(filters: dict[str, str]) -> tuple[str, dict[str, Any]]:
+    clauses = []
+    params: dict[str, Any] = {}
+    for name in FILTER_DIMENSIONS:
+        value = filters.get(name)
+        if value is not None:
+            clauses.append(f"{name} = {{f_{name}:String}}")
+            params[f"f_{name}"] = value
+    return "".join(f" AND {c}" for c in clauses), params
+
+
+def latency_summary(store: ClickHouseStore, project_id: int, *, since: dt.datetime, until: dt.datetime,
+                    group_by: list[str], filters: dict[str, str], exact: bool = False) -> list[dict]:
+    """Per group: count, errors, p50/p95/p99 of e2e/ttft/tpot and p50/p95 of each component."""
+    for name in group_by:
+        if name not in GROUP_DIMENSIONS:
+            raise ValueError(f"cannot group by {name!r}")
+    fn = "quantilesExact" if exact else "quantilesTDigest"
+    levels = ", ".join(str(q) for q in LEVELS)
+    aggregates = [f"{fn}({levels})({m})" for m in TAIL_METRICS + COMPONENT_METRICS]
+    dims = ", ".join(group_by)
+    where, params = _filters(filters)
+    sql = (
+        f"SELECT {dims + ', ' if dims else ''}count(), countIf(status = 'error'), {', '.join(aggregates)} "
+        f"FROM {store.table('llm_requests')} FINAL "
+        "WHERE project_id = {project_id:UInt32} AND start_time >= {since:DateTime64(6)} "
+        f"AND start_time < {{until:DateTime64(6)}}{where}"
+        f"{' GROUP BY ' + dims + ' ORDER BY ' + dims if dims else ''}"
+        " SETTINGS do_not_merge_across_partitions_select_final = 1"
+    )
+    params.update(since=since.replace(tzinfo=None), until=until.replace(tzinfo=None))
+    rows = store.query(sql, project_id=project_id, parameters=params)
+    return [_summary_group(group_by, row) for row in rows if row[len(group_by)] > 0]
+
+
+def _summary_group(group_by: list[str], row) -> dict:
+    n = len(group_by)
+    group = {"key": {name: row[i] for i, name in enumerate(group_by)}, "count": row[n], "errors": row[n + 1]}
+    values = row[n + 2 :]
+    for metric, quantiles in zip(TAIL_METRICS + COMPONENT_METRICS, values):
+        keep = 3 if metric in TAIL_METRICS else 2
+        group[metric] = {f"p{int(q * 100)}": _clean(float(v)) for q, v in zip(LEVELS[:keep], quantiles[:keep])}
+    return group

@@ -1,0 +1,245 @@
+"""Keeps `llm_requests` current: traces touched by ingest are decomposed again from everything stored for them.
+
+Because a trace is always rebuilt from all of its stored spans, the rows do not
+depend on the order or batching in which the spans arrived. Rows whose key moved
+(a late span changed the anchor or the start day) are cancelled with is_deleted.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections import defaultdict
+from pathlib import Path
+
+from collectors.base import LLMCall, Role
+
+from .decomposition import RequestRecord, decompose_trace
+from .store import ClickHouseStore, StoreUnavailable
+
+log = logging.getLogger(__name__)
+
+REQUEST_COLUMNS = (
+    "project_id", "trace_id", "request_key", "request_id", "start_time", "service", "model", "engine_config",
+    "prompt_tokens", "completion_tokens", "prompt_bucket", "e2e_ms", "ttft_ms", "engine_ttft_ms", "tpot_ms",
+    "network_ms", "network_client_gateway_ms", "network_gateway_engine_ms", "overhead_ms", "queue_ms",
+    "prefill_ms", "decode_ms", "hops", "status", "version", "is_deleted", "retention_days",
+)
+
+_CALL_FIELDS = (
+    "trace_id, span_id, parent_span_id, role, convention, service, name, start_ns, end_ns, model, request_id, "
+    "prompt_tokens, completion_tokens, streaming, is_error, ttft_ms, engine_e2e_ms, queue_ms, prefill_ms, "
+    "decode_ms, inference_ms, engine_config, retention_days"
+)
+_CHUNK = 5000
+_NS_PER_DAY = 86_400 * 1_000_000_000
+
+
+def _call_from_row(row) -> tuple[LLMCall, int]:
+    (trace_id, span_id, parent, role, convention, service, name, start_ns, end_ns, model, request_id, prompt,
+     completion, streaming, is_error, ttft, e2e, queue, prefill, decode, inference, engine_config, retention) = row
+    call = LLMCall(
+        trace_id=trace_id, span_id=span_id, parent_span_id=parent, role=Role(role), convention=convention,
+        service=service, name=name, start_ns=start_ns, end_ns=end_ns, model=model, request_id=request_id,
+        prompt_tokens=prompt, completion_tokens=completion, streaming=None if streaming is None else bool(streaming),
+        is_error=bool(is_error), ttft_ms=ttft, engine_e2e_ms=e2e, queue_ms=queue, prefill_ms=prefill,
+        decode_ms=decode, inference_ms=inference, engine_config=engine_config,
+    )
+    return call, retention
+
+
+def _hops_json(record: RequestRecord) -> str:
+    return json.dumps(
+        [
+            {
+                "role": hop.role, "span_id": hop.span_id, "service": hop.service, "convention": hop.convention,
+                "name": hop.name, "start_ns": hop.start_ns, "duration_ms": hop.duration_ms, "ttft_ms": hop.ttft_ms,
+            }
+            for hop in record.hops
+        ],
+        separators=(",", ":"),
+    )
+
+
+def request_row(project_id: int, record: RequestRecord, version: int, retention_days: int) -> tuple:
+    return (
+        project_id, record.trace_id, record.request_key, record.request_id or "", record.start_ns // 1000,
+        record.service, record.model or "", record.engine_config or "", record.prompt_tokens,
+        record.completion_tokens, record.prompt_bucket, record.e2e_ms, record.ttft_ms, record.engine_ttft_ms,
+        record.tpot_ms, record.network_ms, record.network_client_gateway_ms, record.network_gateway_engine_ms,
+        record.overhead_ms, record.queue_ms, record.prefill_ms, record.decode_ms, _hops_json(record),
+        record.status, version, 0, retention_days,
+    )
+
+
+def tombstone_row(project_id: int, trace_id: str, request_key: str, start_us: int, version: int) -> tuple:
+    return (project_id, trace_id, request_key, "", start_us, "", "", "", None, None, "", None, None, None, None,
+            None, None, None, None, None, None, None, "[]", "", version, 1, 1)
+
+
+def rebuild_traces(store: ClickHouseStore, project_id: int, trace_ids: list[str]) -> int:
+    """Decompose these traces again from what is stored; returns the number of request rows written."""
+    written = 0
+    for start in range(0, len(trace_ids), _CHUNK):
+        chunk = trace_ids[start : start + _CHUNK]
+        written += _rebuild_chunk(store, project_id, chunk)
+    return written
+
+
+def _rebuild_chunk(store: ClickHouseStore, project_id: int, trace_ids: list[str]) -> int:
+    params = {"traces": trace_ids}
+    calls_by_trace: dict[str, list[LLMCall]] = defaultdict(list)
+    retention: dict[str, int] = {}
+    for row in store.query(
+        f"SELECT {_CALL_FIELDS} FROM {store.table('llm_calls')} FINAL "
+        "WHERE project_id = {project_id:UInt32} AND trace_id IN {traces:Array(String)}",
+        project_id=project_id, parameters=params,
+    ):
+        call, days = _call_from_row(row)
+        calls_by_trace[call.trace_id].append(call)
+        retention[call.trace_id] = max(retention.get(call.trace_id, 0), days)
+    previous: dict[str, list[tuple[str, int]]] = defaultdict(list)
+    for trace_id, key, start_us in store.query(
+        f"SELECT trace_id, request_key, toUnixTimestamp64Micro(start_time) FROM {store.table('llm_requests')} FINAL "
+        "WHERE project_id = {project_id:UInt32} AND trace_id IN {traces:Array(String)}",
+        project_id=project_id, parameters=params,
+    ):
+        previous[trace_id].append((key, start_us))
+    with_calls = sorted(calls_by_trace)
+    parents_by_trace: dict[str, dict[str, str]] = defaultdict(dict)
+    if with_calls:
+        for trace_id, span_id, parent in store.query(
+            f"SELECT trace_id, span_id, parent_span_id FROM {store.table('spans')} "
+            "WHERE project_id = {project_id:UInt32} AND trace_id IN {traces:Array(String)}",
+            project_id=project_id, parameters={"traces": with_calls},
+        ):
+            parents_by_trace[trace_id][span_id] = parent
+    version = time.time_ns()
+    rows = []
+    for trace_id in set(with_calls) | set(previous):
+        records = decompose_trace(calls_by_trace.get(trace_id, []), parents_by_trace.get(trace_id, {}))
+        days = retention.get(trace_id, 1)
+        kept = set()
+        for record in records:
+            rows.append(request_row(project_id, record, version, days))
+            kept.add((record.request_key, record.start_ns // _NS_PER_DAY))
+        for key, start_us in previous.get(trace_id, ()):
+            if (key, start_us * 1000 // _NS_PER_DAY) not in kept:
+                rows.append(tombstone_row(project_id, trace_id, key, start_us, version))
+    store.insert("llm_requests", rows, REQUEST_COLUMNS)
+    return len(rows)
+
+
+class RequestBuilder(threading.Thread):
+    """Collects traces touched by the writer and rebuilds their request rows every `interval` seconds.
+
+    After each complete cycle the time its work was taken is kept in
+    `<state_dir>/decomposed_until`: every trace stored before then (ClickHouse stamps
+    `ingested_at`) has been rebuilt, so after a crash `recover` rebuilds the rest.
+    """
+
+    def __init__(self, store: ClickHouseStore, *, interval: float, state_dir: str | Path):
+        super().__init__(name="request-builder", daemon=True)
+        self.store = store
+        self.interval = interval
+        self.state_path = Path(state_dir) / "decomposed_until"
+        self._dirty: dict[int, set[str]] = defaultdict(set)
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stop_event = threading.Event()
+        self._busy = False
+
+    # called by the writer after each successful insert
+    def mark_written(self, records: list[tuple]) -> None:
+        with self._lock:
+            for project_id, _spans, _calls, trace_ids in records:
+                self._dirty[project_id].update(trace_ids)
+
+    def mark_dirty(self, project_id: int, trace_ids) -> None:
+        with self._lock:
+            self._dirty[project_id].update(trace_ids)
+
+    def watermark_ms(self) -> int | None:
+        try:
+            return int(self.state_path.read_text())
+        except (FileNotFoundError, ValueError):
+            return None
+
+    def recover(self, project_ids: list[int]) -> int:
+        """Mark for rebuilding the traces whose LLM calls were stored after the last completed rebuild."""
+        since = self.watermark_ms()
+        if since is None:
+            return 0
+        count = 0
+        for project_id in project_ids:
+            rows = self.store.query(
+                f"SELECT DISTINCT trace_id FROM {self.store.table('llm_calls')} "
+                "WHERE project_id = {project_id:UInt32} AND ingested_at >= fromUnixTimestamp64Milli({since:Int64})",
+                project_id=project_id, parameters={"since": since - 5000},
+            )
+            self.mark_dirty(project_id, [r[0] for r in rows])
+            count += len(rows)
+        return count
+
+    def stop(self) -> None:
+        self._stop_event.set()
+        self._wake.set()
+
+    def wait_idle(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self._lock:
+                idle = not self._busy and not any(self._dirty.values())
+            if idle:
+                return True
+            self._wake.set()
+            time.sleep(0.01)
+        return False
+
+    def run(self) -> None:
+        backoff = 0.5
+        while not self._stop_event.is_set():
+            self._wake.wait(self.interval)
+            self._wake.clear()
+            try:
+                self.cycle()
+                backoff = 0.5
+            except StoreUnavailable as exc:
+                log.warning("request builder: ClickHouse unavailable (%s); retrying", exc)
+                self._stop_event.wait(backoff)
+                backoff = min(backoff * 2, 10.0)
+            except Exception:
+                log.exception("request builder cycle failed; retrying")
+                self._stop_event.wait(backoff)
+                backoff = min(backoff * 2, 10.0)
+
+    def cycle(self) -> int:
+        from ingest import metrics  # the platform's metrics registry
+
+        with self._lock:
+            dirty, self._dirty = self._dirty, defaultdict(set)
+            taken_ms = time.time_ns() // 1_000_000
+            self._busy = True
+        started = time.perf_counter()
+        done = 0
+        try:
+            for project_id, traces in dirty.items():
+                if traces:
+                    rebuild_traces(self.store, project_id, sorted(traces))
+                    done += len(traces)
+        except BaseException:
+            with self._lock:  # put the unfinished work back
+                for project_id, traces in dirty.items():
+                    self._dirty[project_id].update(traces)
+            raise
+        finally:
+            with self._lock:
+                self._busy = False
+        self.state_path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.state_path.with_suffix(".tmp")
+        tmp.write_text(str(taken_ms))
+        tmp.replace(self.state_path)
+        metrics.DECOMPOSED_TRACES.inc(done)
+        metrics.DECOMPOSE_SECONDS.observe(time.perf_counter() - started)
+        return done

@@ -1,0 +1,219 @@
+"""The one module that talks to ClickHouse: chdb in-process (embedded) or a server over HTTP, with tenant-checked queries."""
+from __future__ import annotations
+
+import logging
+import re
+import threading
+from collections.abc import Sequence
+from typing import Any
+from urllib.parse import parse_qsl, unquote, urlparse
+
+import clickhouse_connect
+from clickhouse_connect.driver.exceptions import ClickHouseError
+
+log = logging.getLogger(__name__)
+
+_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+class StoreUnavailable(Exception):
+    """ClickHouse cannot be reached (server down, or the chdb data directory is held by another process)."""
+
+
+class TenantFilterMissing(ValueError):
+    """A query on tenant data was written without the project filter."""
+
+
+def identifier(name: str) -> str:
+    """Quote an identifier that came from an allow-list; refuse anything that is not a plain name."""
+    if not _IDENTIFIER.match(name):
+        raise ValueError(f"not a valid identifier: {name!r}")
+    return f"`{name}`"
+
+
+class ClickHouseStore:
+    """A connection to the trace store.
+
+    chdb lets one process open a data directory, and one embedded server is shared
+    by every client in the process, so calls are serialised with a lock there. A
+    ClickHouse server gets one HTTP client per thread.
+    """
+
+    def __init__(self, *, url: str | None, chdb_path: str | None, database: str, cluster: str = ""):
+        self.url = url
+        self.chdb_path = chdb_path
+        self.database = database
+        self.cluster = cluster
+        self.embedded = not url
+        identifier(database)
+        self._local = threading.local()
+        self._chdb_client = None
+        self._chdb_lock = threading.RLock()
+        self._bootstrapped = False
+
+    # -- connections ---------------------------------------------------------------------------
+    def _connect(self, database: str | None):
+        try:
+            if self.embedded:
+                return clickhouse_connect.get_client(dsn=f"chdb://{self.chdb_path}")
+            parsed = urlparse(self.url)
+            options = dict(parse_qsl(parsed.query))
+            return clickhouse_connect.get_client(
+                host=parsed.hostname or "localhost",
+                port=parsed.port or (8443 if parsed.scheme == "https" else 8123),
+                username=unquote(parsed.username or "default"),
+                password=unquote(parsed.password or ""),
+                secure=parsed.scheme == "https",
+                database=database or "default",
+                connect_timeout=float(options.get("connect_timeout", 5)),
+                send_receive_timeout=float(options.get("timeout", 60)),
+                autogenerate_session_id=False,
+            )
+        except Exception as exc:  # the driver raises several types for "cannot connect"
+            raise StoreUnavailable(f"ClickHouse unavailable: {exc}") from exc
+
+    def _client(self):
+        if self.embedded:
+            if self._chdb_client is None:
+                with self._chdb_lock:
+                    if self._chdb_client is None:
+                        client = self._connect(None)
+                        client.command(f"CREATE DATABASE IF NOT EXISTS {identifier(self.database)}")
+                        self._chdb_client = client
+            return self._chdb_client
+        client = getattr(self._local, "client", None)
+        if client is None:
+            if not self._bootstrapped:
+                bootstrap = self._connect(None)
+                on_cluster = f" ON CLUSTER {identifier(self.cluster)}" if self.cluster else ""
+                bootstrap.command(f"CREATE DATABASE IF NOT EXISTS {identifier(self.database)}{on_cluster}")
+                bootstrap.close()
+                self._bootstrapped = True
+            client = self._local.client = self._connect(self.database)
+        return client
+
+    def _run(self, fn):
+        try:
+            if self.embedded:
+                with self._chdb_lock:
+                    return fn(self._client())
+            return fn(self._client())
+        except StoreUnavailable:
+            raise
+        except ClickHouseError as exc:
+            if _is_connection_error(exc):
+                self._drop_client()
+                raise StoreUnavailable(str(exc)) from exc
+            raise
+        except OSError as exc:
+            self._drop_client()
+            raise StoreUnavailable(str(exc)) from exc
+
+    def _drop_client(self) -> None:
+        if not self.embedded:
+            client = getattr(self._local, "client", None)
+            self._local.client = None
+            if client is not None:
+                try:
+                    client.close()
+                except Exception:  # closing a broken connection may fail too; nothing to do
+                    pass
+
+    # -- public API ----------------------------------------------------------------------------
+    def table(self, name: str) -> str:
+        """Fully qualified, quoted name of one of our tables."""
+        return f"{identifier(self.database)}.{identifier(name)}"
+
+    def ping(self) -> bool:
+        try:
+            self._run(lambda c: c.query("SELECT 1"))
+            return True
+        except StoreUnavailable:
+            return False
+
+    def command(self, sql: str, parameters: dict[str, Any] | None = None) -> Any:
+        """DDL and maintenance statements (no tenant data is returned)."""
+        return self._run(lambda c: c.command(sql, parameters=parameters))
+
+    def query(self, sql: str, *, project_id: int, parameters: dict[str, Any] | None = None) -> list[tuple]:
+        """A query on tenant data. The SQL must filter on `{project_id:UInt32}`; values go as parameters."""
+        if "{project_id:UInt32}" not in sql:
+            raise TenantFilterMissing("tenant queries must filter on project_id = {project_id:UInt32}")
+        params = dict(parameters or {})
+        params["project_id"] = int(project_id)
+        return self._run(lambda c: c.query(sql, parameters=params).result_rows)
+
+    def query_columns(self, sql: str, *, project_id: int, parameters: dict[str, Any] | None = None):
+        """Like query(), returning (column_names, rows)."""
+        if "{project_id:UInt32}" not in sql:
+            raise TenantFilterMissing("tenant queries must filter on project_id = {project_id:UInt32}")
+        params = dict(parameters or {})
+        params["project_id"] = int(project_id)
+        result = self._run(lambda c: c.query(sql, parameters=params))
+        return list(result.column_names), result.result_rows
+
+    def system_query(self, sql: str, parameters: dict[str, Any] | None = None) -> list[tuple]:
+        """Queries on our own bookkeeping tables (migration state, sizes); never on tenant rows."""
+        return self._run(lambda c: c.query(sql, parameters=parameters).result_rows)
+
+    def insert(self, table: str, rows: Sequence[Sequence[Any]], column_names: Sequence[str]) -> None:
+        if not rows:
+            return
+        target = f"{self.database}.{table}"
+        identifier(table)
+        self._run(lambda c: c.insert(target, rows, column_names=list(column_names)))
+
+    def close(self) -> None:
+        if self._chdb_client is not None:
+            with self._chdb_lock:
+                try:
+                    self._chdb_client.close()
+                finally:
+                    self._chdb_client = None
+        self._drop_client()
+
+
+def _is_connection_error(exc: Exception) -> bool:
+    text = str(exc)
+    return any(
+        marker in text
+        for marker in (
+            "Error initializing EmbeddedServer",
+            "Connection refused",
+            "Failed to establish",
+            "Max retries exceeded",
+            "timed out",
+            "Connection aborted",
+            "RemoteDisconnected",
+        )
+    )
+
+
+_store: ClickHouseStore | None = None
+_store_lock = threading.Lock()
+
+
+def get_store() -> ClickHouseStore:
+    """The process-wide store built from Django settings."""
+    global _store
+    if _store is None:
+        with _store_lock:
+            if _store is None:
+                from django.conf import settings
+
+                _store = ClickHouseStore(
+                    url=settings.CLICKHOUSE_URL,
+                    chdb_path=settings.CLICKHOUSE_CHDB_PATH,
+                    database=settings.CLICKHOUSE_DATABASE,
+                    cluster=settings.CLICKHOUSE_CLUSTER,
+                )
+    return _store
+
+
+def reset_store() -> None:
+    """Close and forget the process-wide store (tests, and after a fork)."""
+    global _store
+    with _store_lock:
+        if _store is not None:
+            _store.close()
+        _store = None
