@@ -13,18 +13,20 @@ from collectors.base import STATUS_ERROR, SpanView
 
 _TRUE_WORDS = frozenset({"true", "1", "yes"})
 _FALSE_WORDS = frozenset({"false", "0", "no"})
+# No LLM call has two billion tokens: a larger count is a corrupt value, not a measurement.
+_MAX_COUNT = 2**31 - 1
 
 
 def as_float(value: Any) -> float | None:
     """A finite number from an int, float or numeric string; bools and everything else are None."""
     if value.__class__ is bool:
         return None
-    if isinstance(value, (int, float)):
-        number = float(value)
-    elif isinstance(value, str):
+    if isinstance(value, float):
+        number = value
+    elif isinstance(value, (int, str)):
         try:
-            number = float(value.strip())
-        except ValueError:
+            number = float(value)  # float() strips surrounding whitespace itself
+        except (ValueError, OverflowError):  # not a number / an int beyond float range
             return None
     else:
         return None
@@ -40,13 +42,13 @@ def seconds_as_ms(value: Any) -> float | None:
 
 
 def as_count(value: Any) -> int | None:
-    """A non-negative whole number (token counts); fractional or negative values are None."""
+    """A whole number in [0, 2**31) (token counts); fractional, negative or absurd values are None."""
     if value.__class__ is bool:
         return None
     if isinstance(value, int):
-        return value if value >= 0 else None
+        return value if 0 <= value <= _MAX_COUNT else None
     number = as_float(value)
-    if number is None or number < 0 or not number.is_integer():
+    if number is None or not 0 <= number <= _MAX_COUNT or not number.is_integer():
         return None
     return int(number)
 
@@ -64,8 +66,8 @@ def as_flag(value: Any) -> bool | None:
     """A bool from a bool, 0/1, or the words true/false/yes/no/1/0 in any case."""
     if value.__class__ is bool:
         return value
-    if isinstance(value, int):
-        return {0: False, 1: True}.get(value)
+    if value.__class__ is int:
+        return True if value == 1 else False if value == 0 else None
     if isinstance(value, str):
         word = value.strip().lower()
         if word in _TRUE_WORDS:
@@ -102,9 +104,10 @@ def first_event_offset_ms(span: SpanView, event_names: frozenset[str]) -> float 
     for event in span.events:
         if event.name in event_names:
             time_ns = event.time_ns
-            if not isinstance(time_ns, int) or time_ns.__class__ is bool or not isinstance(span.start_ns, int):
+            start_ns = span.start_ns
+            if time_ns.__class__ is not int or start_ns.__class__ is not int:
                 return None
-            offset_ns = time_ns - span.start_ns
+            offset_ns = time_ns - start_ns
             return offset_ns / 1e6 if offset_ns >= 0 else None
     return None
 

@@ -9,8 +9,8 @@ What LiteLLM emits (tracer/scope name ``litellm`` unless ``OTEL_TRACER_NAME`` sa
 
 * ``Received Proxy Server Request`` — opened by ``create_litellm_proxy_request_started_span``
   when the request reaches the proxy's auth step, parented on the caller's
-  ``traceparent``, ended when the LLM call ends. Kind SERVER (INTERNAL before the end
-  of 2024). Created once per proxied HTTP request.
+  ``traceparent``, ended when the LLM call ends. Kind SERVER (INTERNAL in releases
+  before LiteLLM issue #7298 was fixed). Created once per proxied HTTP request.
 * ``litellm_request`` (renamed to the ``generation_name`` metadata when given) — the
   LiteLLM SDK call, INTERNAL, child of the proxy span.
 * ``raw_gen_ai_request`` — provider payload as ``llm.<provider>.<field>``; no timing value.
@@ -36,6 +36,10 @@ wrote them there, and are None otherwise — in those releases the engine and cl
 hops of the same trace still carry them. ``litellm_request``, ``raw_gen_ai_request``
 and every other LiteLLM span give None, so neither a release that annotates both
 spans nor one that annotates only the child can produce a second gateway call.
+A bare proxy span cannot be told apart from one of a non-LLM route, but in the
+releases read LiteLLM ends (and so exports) it only from its LLM-call success/failure
+hooks and its post-call failure hook; a request rejected before the LLM call is a
+failed gateway call (``is_error``), which is what it was.
 Consequence: LiteLLM used as an in-process SDK without the proxy yields no call from
 LiteLLM's spans (instrument the application with a client convention instead).
 Proxy spans whose ``llm.request.type`` names a non-generation call (embeddings,
@@ -52,6 +56,7 @@ auto-router's classifier) give None.
 """
 from __future__ import annotations
 
+from collectors import vllm
 from collectors.attrs import (
     as_flag,
     as_text,
@@ -61,7 +66,6 @@ from collectors.attrs import (
     is_error,
     seconds_as_ms,
 )
-from collectors import vllm
 from collectors.base import LLMCall, Role, SpanView
 
 CONVENTION = "litellm"

@@ -54,7 +54,7 @@ _COMPLETION_KEYS = ("gen_ai.usage.output_tokens", "gen_ai.usage.completion_token
 
 
 def owns(span: SpanView) -> bool:
-    """Carries an attribute only OpenLLMetry writes (LiteLLM's v1 callback copies some: LiteLLM goes first)."""
+    """Carries an attribute only OpenLLMetry writes (LiteLLM v1 copies some, so LiteLLM is asked first)."""
     attrs = span.attributes
     return (
         "llm.request.type" in attrs

@@ -1,6 +1,7 @@
-"""Normalises vLLM's per-request ``llm_request`` span (and the engine simulator's copy of it) into an ENGINE call.
+"""Normalises vLLM's per-request ``llm_request`` span (and the simulator's copy of it) into an ENGINE call.
 
-Source of the names: vLLM v0.3x, ``vllm/tracing/utils.py`` (``SpanAttributes``),
+Source of the names: vllm-project/vllm main (the v0.3x line DESIGN.md cites),
+``vllm/tracing/utils.py`` (``SpanAttributes``),
 ``vllm/tracing/otel.py`` (resource: ``vllm.instrumenting_module_name``,
 ``vllm.process_id`` as a string) and ``OutputProcessor.do_tracing`` in
 ``vllm/v1/engine/output_processor.py``: one span named ``llm_request``, kind SERVER,
@@ -16,7 +17,7 @@ Its latencies are float seconds:
 
 plus ``gen_ai.usage.{prompt_tokens,completion_tokens}``, ``gen_ai.request.id`` (the
 external request id, e.g. ``chatcmpl-…``), ``gen_ai.request.{max_tokens,temperature,
-top_p,n}`` (only set when non-default) and, in the versions that set it,
+top_p,n}`` (each only when set) and, in the versions that set it,
 ``gen_ai.response.model``. vLLM never says whether the request streamed.
 
 The platform's engine simulator emits the same span plus the resource attribute
@@ -32,7 +33,7 @@ SPAN_NAME = "llm_request"
 
 
 def owns(span: SpanView) -> bool:
-    """An ``llm_request`` span from vLLM or the simulator (checked by name first: two dict lookups at most)."""
+    """An ``llm_request`` span from vLLM or the simulator (name first, then at most three lookups)."""
     if span.name != SPAN_NAME:
         return False
     return (

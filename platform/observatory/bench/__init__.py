@@ -1,0 +1,1 @@
+"""Benchmarks (`make bench`): each figure is printed as `BENCH <name>=<value> <unit>`."""

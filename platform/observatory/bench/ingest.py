@@ -1,0 +1,113 @@
+"""End-to-end ingest throughput: OTLP/HTTP protobuf batches of ~1,000 spans → durable → queryable, one platform process.
+
+    python -m observatory.bench.ingest [--batches 300] [--senders 2]
+
+Also measures, on the same payloads in the same run, the raw parse rate: protobuf
+decoding plus turning every span's fields and attributes into Python values, which
+any Python receiver must do at least.
+"""
+from __future__ import annotations
+
+import argparse
+import http.client
+import random
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+from .harness import PlatformProcess
+from .payloads import chain_batch
+
+
+def _value(v):
+    kind = v.WhichOneof("value")
+    if kind == "array_value":
+        return [_value(x) for x in v.array_value.values]
+    if kind == "kvlist_value":
+        return {kv.key: _value(kv.value) for kv in v.kvlist_value.values}
+    return getattr(v, kind) if kind else None
+
+
+def raw_parse(payload: bytes) -> int:
+    request = ExportTraceServiceRequest.FromString(payload)
+    n = 0
+    for rs in request.resource_spans:
+        {kv.key: _value(kv.value) for kv in rs.resource.attributes}
+        for ss in rs.scope_spans:
+            for s in ss.spans:
+                (s.trace_id, s.span_id, s.parent_span_id, s.name, s.kind, s.start_time_unix_nano,
+                 s.end_time_unix_nano, s.status.code, {kv.key: _value(kv.value) for kv in s.attributes})
+                n += 1
+    return n
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--batches", type=int, default=300)
+    parser.add_argument("--senders", type=int, default=2)
+    args = parser.parse_args(argv)
+
+    rng = random.Random(7)
+    since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - 3600))
+    payloads = [chain_batch(333, rng) for _ in range(args.batches)]
+    spans_total = sum(3 * len(ids) for _, ids in payloads)
+    traces_total = sum(len(ids) for _, ids in payloads)
+
+    started = time.perf_counter()
+    parsed = sum(raw_parse(p) for p, _ in payloads)
+    parse_rate = parsed / (time.perf_counter() - started)
+
+    platform = PlatformProcess()
+    key, token = platform.setup()
+    platform.start()
+    try:
+        local = threading.local()
+
+        def send(payload: bytes) -> int:
+            conn = getattr(local, "conn", None)
+            if conn is None:
+                conn = local.conn = http.client.HTTPConnection("127.0.0.1", platform.port, timeout=120)
+            conn.request("POST", "/v1/traces", body=payload,
+                         headers={"Content-Type": "application/x-protobuf", "Authorization": f"Bearer {key}"})
+            response = conn.getresponse()
+            response.read()
+            return response.status
+
+        started = time.perf_counter()
+        with ThreadPoolExecutor(args.senders) as pool:
+            statuses = list(pool.map(send, [p for p, _ in payloads]))
+        acked = time.perf_counter() - started
+        if any(s != 200 for s in statuses):
+            raise SystemExit(f"non-200 answers: {sorted(set(statuses))}")
+        # Queryable: the spool is drained into ClickHouse and every trace has its request row.
+        while True:
+            _, ready = platform.get("/readyz")
+            if ready.get("spool_pending_bytes") == 0:
+                break
+            time.sleep(0.05)
+        durable = time.perf_counter() - started
+        while True:
+            _, summary = platform.get("/api/v1/latency/summary?group_by=&since=" + since, token)
+            if "groups" not in summary:
+                raise SystemExit(f"summary failed: {summary}")
+            count = sum(g["count"] for g in summary["groups"])
+            if count >= traces_total:
+                break
+            time.sleep(0.1)
+        queryable = time.perf_counter() - started
+    finally:
+        platform.stop()
+
+    e2e_rate = spans_total / queryable
+    print(f"BENCH ingest_spans_total={spans_total} spans")
+    print(f"BENCH ingest_ack_spans_per_s={spans_total / acked:.0f} spans/s")
+    print(f"BENCH ingest_durable_spans_per_s={spans_total / durable:.0f} spans/s")
+    print(f"BENCH ingest_e2e_spans_per_s={e2e_rate:.0f} spans/s")
+    print(f"BENCH ingest_raw_parse_spans_per_s={parse_rate:.0f} spans/s")
+    print(f"BENCH ingest_e2e_to_parse_ratio={e2e_rate / parse_rate:.2f} ratio")
+
+
+if __name__ == "__main__":
+    main()

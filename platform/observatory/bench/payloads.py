@@ -1,0 +1,93 @@
+"""Synthetic but realistic OTLP payloads: client → gateway → vLLM llm_request chains, as the SDKs emit them."""
+from __future__ import annotations
+
+import os
+import random
+import time
+
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+MODELS = ("meta-llama/Llama-3.1-8B-Instruct", "meta-llama/Llama-3.1-70B-Instruct", "Qwen/Qwen2.5-32B-Instruct")
+
+
+def _attr(span, key, value):
+    kv = span.attributes.add()
+    kv.key = key
+    if isinstance(value, bool):
+        kv.value.bool_value = value
+    elif isinstance(value, int):
+        kv.value.int_value = value
+    elif isinstance(value, float):
+        kv.value.double_value = value
+    else:
+        kv.value.string_value = value
+
+
+def _resource(request, service, extra=()):
+    rs = request.resource_spans.add()
+    for key, value in (("service.name", service), ("telemetry.sdk.language", "python"),
+                       ("telemetry.sdk.name", "opentelemetry"), ("telemetry.sdk.version", "1.38.0"), *extra):
+        _attr(rs.resource, key, value)
+    return rs.scope_spans.add()
+
+
+def chain_batch(traces: int, rng: random.Random, base_ns: int | None = None) -> tuple[bytes, list[str]]:
+    """One export request holding `traces` complete 3-span chains (3 × traces spans)."""
+    base_ns = base_ns or time.time_ns() - 60_000_000_000
+    request = ExportTraceServiceRequest()
+    client_scope = _resource(request, "chat-app")
+    client_scope.scope.name = "opentelemetry.instrumentation.openai_v2"
+    gateway_scope = _resource(request, "llm-gateway")
+    gateway_scope.scope.name = "llm_observatory.gateway"
+    engine_scope = _resource(request, "vllm", (("vllm.instrumenting_module_name", "vllm.entrypoints.openai"),
+                                               ("vllm.process_id", 4242)))
+    engine_scope.scope.name = "vllm.tracing"
+    trace_ids = []
+    for i in range(traces):
+        trace_id = os.urandom(16)
+        trace_ids.append(trace_id.hex())
+        client_id, gateway_id, engine_id = os.urandom(8), os.urandom(8), os.urandom(8)
+        model = MODELS[i % len(MODELS)]
+        prompt = rng.choice((120, 600, 2000, 7000, 20000))
+        completion = rng.randint(16, 512)
+        queue, prefill, decode = rng.uniform(0, 0.2), prompt / 40000, completion * rng.uniform(0.008, 0.03)
+        engine_e2e = queue + prefill + decode + rng.uniform(0.002, 0.01)
+        start = base_ns + i * 1_000_000
+        engine_start = start + 4_000_000
+        engine_end = engine_start + int(engine_e2e * 1e9)
+        gateway_end = engine_end + rng.randint(1, 4) * 1_000_000
+        client_end = gateway_end + rng.randint(1, 6) * 1_000_000
+
+        c = client_scope.spans.add()
+        c.trace_id, c.span_id, c.name, c.kind = trace_id, client_id, f"chat {model}", 3
+        c.start_time_unix_nano, c.end_time_unix_nano = start, client_end
+        for key, value in (("gen_ai.operation.name", "chat"), ("gen_ai.provider.name", "openai"),
+                           ("gen_ai.request.model", model), ("gen_ai.response.model", model),
+                           ("gen_ai.request.max_tokens", 1024), ("gen_ai.request.temperature", 0.7),
+                           ("gen_ai.usage.input_tokens", prompt), ("gen_ai.usage.output_tokens", completion),
+                           ("gen_ai.response.id", f"chatcmpl-{i}"), ("server.address", "127.0.0.1"),
+                           ("server.port", 8100)):
+            _attr(c, key, value)
+
+        g = gateway_scope.spans.add()
+        g.trace_id, g.span_id, g.parent_span_id, g.name, g.kind = trace_id, gateway_id, client_id, f"chat {model}", 2
+        g.start_time_unix_nano, g.end_time_unix_nano = start + 2_000_000, gateway_end
+        for key, value in (("gen_ai.operation.name", "chat"), ("gen_ai.request.model", model),
+                           ("gen_ai.usage.input_tokens", prompt), ("gen_ai.usage.output_tokens", completion),
+                           ("http.request.method", "POST"), ("url.path", "/v1/chat/completions"),
+                           ("http.response.status_code", 200)):
+            _attr(g, key, value)
+
+        e = engine_scope.spans.add()
+        e.trace_id, e.span_id, e.parent_span_id, e.name, e.kind = trace_id, engine_id, gateway_id, "llm_request", 2
+        e.start_time_unix_nano, e.end_time_unix_nano = engine_start, engine_end
+        for key, value in (("gen_ai.response.model", model), ("gen_ai.request.id", f"cmpl-{trace_id.hex()[:12]}"),
+                           ("gen_ai.request.temperature", 0.7), ("gen_ai.request.top_p", 1.0),
+                           ("gen_ai.request.max_tokens", 1024), ("gen_ai.request.n", 1),
+                           ("gen_ai.usage.prompt_tokens", prompt), ("gen_ai.usage.completion_tokens", completion),
+                           ("gen_ai.latency.time_in_queue", queue), ("gen_ai.latency.time_to_first_token", queue + prefill),
+                           ("gen_ai.latency.e2e", engine_e2e), ("gen_ai.latency.time_in_model_prefill", prefill),
+                           ("gen_ai.latency.time_in_model_decode", decode),
+                           ("gen_ai.latency.time_in_model_inference", prefill + decode)):
+            _attr(e, key, value)
+    return request.SerializeToString(), trace_ids
