@@ -54,9 +54,10 @@ class Limits:
 @dataclasses.dataclass
 class Decoded:
     spans: list[SpanView]
-    # dropped attributes per accepted span, parallel to `spans`
+    # dropped attributes per accepted span (by the sender or by our limits), parallel to `spans`
     dropped: list[int]
     rejected: Counter  # reason -> count
+    truncated: int = 0  # attributes truncated or dropped by our limits
 
     @property
     def rejected_count(self) -> int:
@@ -67,20 +68,26 @@ class Decoded:
 
 
 class _Trimmer:
-    """Applies attribute limits to one span and counts what it drops."""
+    """Applies attribute limits and counts what it drops (one per request)."""
 
-    __slots__ = ("limits", "dropped")
+    __slots__ = ("limits", "dropped", "max_value")
 
     def __init__(self, limits: Limits):
         self.limits = limits
         self.dropped = 0
+        self.max_value = limits.max_value_bytes
 
     def text(self, value: str) -> str:
-        limit = self.limits.max_value_bytes
+        limit = self.max_value
         if len(value) > limit // 4 and len(value.encode("utf-8")) > limit:
             self.dropped += 1
             return value.encode("utf-8")[:limit].decode("utf-8", "ignore")
         return value
+
+
+def _finite_or_text(value: float):
+    # NaN and ±Infinity are legal OTLP doubles but not JSON numbers: keep them as text.
+    return value if value - value == 0.0 else repr(value)
 
 
 # -- protobuf ------------------------------------------------------------------------------------
@@ -91,8 +98,10 @@ def _pb_value(value, trimmer: _Trimmer, depth: int = 0) -> Any:
     if kind == "string_value":
         text = value.string_value
         return trimmer.text(text) if len(text) > 1024 else text
-    if kind == "int_value" or kind == "double_value" or kind == "bool_value":
+    if kind == "int_value" or kind == "bool_value":
         return getattr(value, kind)
+    if kind == "double_value":
+        return _finite_or_text(value.double_value)
     if kind == "bytes_value":
         return trimmer.text(value.bytes_value.hex())
     if depth >= 8:
@@ -113,10 +122,22 @@ def _pb_attributes(attributes, trimmer: _Trimmer) -> dict[str, Any]:
     out = {}
     for kv in attributes:
         key = kv.key
-        if not key or len(key) > _MAX_KEY_BYTES:
+        value = kv.value
+        kind = value.WhichOneof("value")
+        # The common scalar cases inline; everything else through _pb_value.
+        if kind == "string_value":
+            text = value.string_value
+            out[key] = text if len(text) <= 1024 else trimmer.text(text)
+        elif kind == "double_value":
+            number = value.double_value
+            out[key] = number if number - number == 0.0 else repr(number)
+        elif kind == "int_value":
+            out[key] = value.int_value
+        else:
+            out[key] = _pb_value(value, trimmer)
+        if len(key) > _MAX_KEY_BYTES or not key:
+            del out[key]
             trimmer.dropped += 1
-            continue
-        out[key] = _pb_value(kv.value, trimmer)
     return out
 
 
@@ -132,7 +153,8 @@ def _check_times(start: int, end: int, limits: Limits, now_ns: int) -> str | Non
     return None
 
 
-def _pb_span(span, resource: dict, scope_name: str, scope_version: str, limits: Limits, now_ns: int, out: Decoded) -> None:
+def _pb_span(span, resource: dict, scope_name: str, scope_version: str, limits: Limits, now_ns: int, out: Decoded,
+             trimmer: _Trimmer) -> None:
     trace_id = span.trace_id
     span_id = span.span_id
     parent = span.parent_span_id
@@ -150,7 +172,7 @@ def _pb_span(span, resource: dict, scope_name: str, scope_version: str, limits: 
     if problem:
         out.rejected[problem] += 1
         return
-    trimmer = _Trimmer(limits)
+    before = trimmer.dropped
     attributes = _pb_attributes(span.attributes, trimmer)
     events = []
     if span.events:
@@ -163,16 +185,18 @@ def _pb_span(span, resource: dict, scope_name: str, scope_version: str, limits: 
     name = span.name
     if len(name) > 1024:
         name = trimmer.text(name)[:1024]
+    kind = span.kind
+    code = status.code
     out.spans.append(
         SpanView(
             trace_hex,
             span_hex,
             parent.hex() if parent else "",
             name,
-            span.kind,
+            kind if 0 <= kind <= 5 else 0,
             start,
             end,
-            status.code,
+            code if 0 <= code <= 2 else 0,
             trimmer.text(status.message) if status.message else "",
             attributes,
             events,
@@ -182,24 +206,28 @@ def _pb_span(span, resource: dict, scope_name: str, scope_version: str, limits: 
             [(link.trace_id.hex(), link.span_id.hex()) for link in span.links[: limits.max_events]] if span.links else [],
         )
     )
-    out.dropped.append(trimmer.dropped + span.dropped_attributes_count)
+    out.dropped.append(trimmer.dropped - before + span.dropped_attributes_count)
 
 
 def decode_protobuf(data: bytes, limits: Limits, now_ns: int | None = None) -> Decoded:
     now_ns = now_ns or time.time_ns()
     out = Decoded([], [], Counter())
+    trimmer = _Trimmer(limits)
     try:
         request = ExportTraceServiceRequest.FromString(data)
     except DecodeError:
         # Usually bad UTF-8 in one string: re-read span by span so only the bad spans are lost.
-        _decode_protobuf_tolerant(data, limits, now_ns, out)
+        _decode_protobuf_tolerant(data, limits, now_ns, out, trimmer)
+        out.truncated = trimmer.dropped
         return out
     for resource_spans in request.resource_spans:
-        resource = _pb_attributes(resource_spans.resource.attributes, _Trimmer(limits))
+        resource = _pb_attributes(resource_spans.resource.attributes, trimmer)
         for scope_spans in resource_spans.scope_spans:
             scope = scope_spans.scope
+            scope_name, scope_version = scope.name, scope.version
             for span in scope_spans.spans:
-                _pb_span(span, resource, scope.name, scope.version, limits, now_ns, out)
+                _pb_span(span, resource, scope_name, scope_version, limits, now_ns, out, trimmer)
+    out.truncated = trimmer.dropped
     return out
 
 
@@ -242,7 +270,7 @@ def _fields(data: bytes):
         yield number, wire, value
 
 
-def _decode_protobuf_tolerant(data: bytes, limits: Limits, now_ns: int, out: Decoded) -> None:
+def _decode_protobuf_tolerant(data: bytes, limits: Limits, now_ns: int, out: Decoded, trimmer: _Trimmer) -> None:
     # ExportTraceServiceRequest.resource_spans = 1; ResourceSpans.resource = 1, scope_spans = 2;
     # ScopeSpans.scope = 1, spans = 2.
     for number, wire, resource_spans in _fields(data):
@@ -256,7 +284,7 @@ def _decode_protobuf_tolerant(data: bytes, limits: Limits, now_ns: int, out: Dec
             elif rnum == 2 and rwire == 2:
                 scopes.append(rvalue)
         try:
-            resource = _pb_attributes(Resource.FromString(resource_raw).attributes, _Trimmer(limits))
+            resource = _pb_attributes(Resource.FromString(resource_raw).attributes, trimmer)
         except DecodeError:
             resource = None
         for scope_spans in scopes:
@@ -280,7 +308,7 @@ def _decode_protobuf_tolerant(data: bytes, limits: Limits, now_ns: int, out: Dec
                 except DecodeError:
                     out.rejected["invalid UTF-8 or malformed span"] += 1
                     continue
-                _pb_span(span, resource, scope.name, scope.version, limits, now_ns, out)
+                _pb_span(span, resource, scope.name, scope.version, limits, now_ns, out, trimmer)
 
 
 # -- OTLP JSON -----------------------------------------------------------------------------------
@@ -328,7 +356,7 @@ def _json_value(value, trimmer: _Trimmer, depth: int = 0):
         raw = _get(value, "doubleValue", "double_value")
         if isinstance(raw, bool) or not isinstance(raw, (int, float, str)):
             raise ValueError("doubleValue is not a number")
-        return float(raw)
+        return _finite_or_text(float(raw))
     if "boolValue" in value or "bool_value" in value:
         raw = _get(value, "boolValue", "bool_value")
         if not isinstance(raw, bool):
@@ -394,6 +422,7 @@ def _has_bad_text(obj) -> bool:
 def decode_json(data: bytes, limits: Limits, now_ns: int | None = None) -> Decoded:
     now_ns = now_ns or time.time_ns()
     out = Decoded([], [], Counter())
+    trimmer = _Trimmer(limits)
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
@@ -418,7 +447,7 @@ def decode_json(data: bytes, limits: Limits, now_ns: int | None = None) -> Decod
         try:
             if _has_bad_text(resource_obj):
                 raise ValueError("bad UTF-8")
-            resource = _json_attributes(resource_obj.get("attributes") if isinstance(resource_obj, dict) else None, _Trimmer(limits))
+            resource = _json_attributes(resource_obj.get("attributes") if isinstance(resource_obj, dict) else None, trimmer)
         except (ValueError, TypeError, AttributeError):
             resource = None
         for scope_spans in scope_list:
@@ -434,11 +463,13 @@ def decode_json(data: bytes, limits: Limits, now_ns: int | None = None) -> Decod
                 out.rejected["invalid UTF-8 or malformed resource/scope"] += len(spans)
                 continue
             for span in spans:
-                _json_span(span, resource, scope_name, scope_version, limits, now_ns, out)
+                _json_span(span, resource, scope_name, scope_version, limits, now_ns, out, trimmer)
+    out.truncated = trimmer.dropped
     return out
 
 
-def _json_span(span, resource, scope_name, scope_version, limits: Limits, now_ns: int, out: Decoded) -> None:
+def _json_span(span, resource, scope_name, scope_version, limits: Limits, now_ns: int, out: Decoded,
+               trimmer: _Trimmer) -> None:
     if not isinstance(span, dict):
         out.rejected["malformed span"] += 1
         return
@@ -456,7 +487,7 @@ def _json_span(span, resource, scope_name, scope_version, limits: Limits, now_ns
     if trace_id == _ZERO_TRACE or span_id == _ZERO_SPAN:
         out.rejected["invalid trace or span id"] += 1
         return
-    trimmer = _Trimmer(limits)
+    before = trimmer.dropped
     try:
         start = _json_int(_get(span, "startTimeUnixNano", "start_time_unix_nano", 0))
         end = _json_int(_get(span, "endTimeUnixNano", "end_time_unix_nano", 0))
@@ -498,6 +529,7 @@ def _json_span(span, resource, scope_name, scope_version, limits: Limits, now_ns
                 raise ValueError("bad link")
             links.append((_json_id(_get(link, "traceId", "trace_id"), 16), _json_id(_get(link, "spanId", "span_id"), 8)))
     except (ValueError, TypeError, AttributeError, OverflowError):
+        trimmer.dropped = before
         out.rejected["malformed span"] += 1
         return
     out.spans.append(
@@ -519,4 +551,4 @@ def _json_span(span, resource, scope_name, scope_version, limits: Limits, now_ns
             links,
         )
     )
-    out.dropped.append(trimmer.dropped + max(dropped, 0))
+    out.dropped.append(trimmer.dropped - before + max(dropped, 0))

@@ -1,7 +1,14 @@
-"""Turn validated spans and their LLM calls into ClickHouse rows (the column lists match ch_migrations/0001)."""
+"""ClickHouse rows for spans and LLM calls, encoded once as JSONCompactEachRow at accept time.
+
+The encoded bytes are what the spool keeps and what ClickHouse parses (in C++, off the
+GIL), so the writer does no per-row work. Attribute maps stay typed: ClickHouse renders
+numbers, booleans, arrays and objects as strings into Map(String, String) itself
+(the input_format_json_read_*_as_strings settings in JSON_INSERT_SETTINGS).
+"""
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 from collectors.base import LLMCall, SpanView
@@ -20,37 +27,34 @@ CALL_COLUMNS = (
 )
 # ingested_at is left to ClickHouse (DEFAULT now64(3)): the time the row reached the store.
 
-_MAX_NS = (1 << 63) - 1
+JSON_INSERT_SETTINGS = {
+    "input_format_json_read_numbers_as_strings": 1,
+    "input_format_json_read_bools_as_strings": 1,
+    "input_format_json_read_arrays_as_strings": 1,
+    "input_format_json_read_objects_as_strings": 1,
+    "input_format_skip_unknown_fields": 0,
+}
+
 _UINT32 = (1 << 32) - 1
+_MAX_NS = (1 << 63) - 1
+_encode = json.JSONEncoder(allow_nan=False, separators=(",", ":")).encode
 
 
-def text(value: Any) -> str:
-    kind = type(value)
-    if kind is str:
-        return value
-    if kind is bool:
-        return "true" if value else "false"
-    if kind is int or kind is float:
-        return repr(value)
-    if value is None:
-        return ""
-    return json.dumps(value, ensure_ascii=False, default=str)
+def ns_text(ns: int) -> str:
+    """Nanoseconds since the epoch as the 'seconds.fraction' text ClickHouse reads into DateTime64(9)."""
+    return f"{ns // 1_000_000_000}.{ns % 1_000_000_000:09d}"
 
 
-def string_map(attributes: dict[str, Any]) -> dict[str, str]:
-    return {k: v if type(v) is str else text(v) for k, v in attributes.items()}
-
-
-def span_row(project_id: int, retention_days: int, span: SpanView, dropped: int, convention: str,
-             resource_map: dict[str, str]) -> tuple:
+def span_row(project_id: int, retention_days: int, span: SpanView, dropped: int, convention: str) -> list:
     events = span.events
-    return (
+    links = span.links
+    return [
         project_id,
         span.trace_id,
         span.span_id,
         span.parent_span_id,
-        span.start_ns,
-        span.end_ns,
+        ns_text(span.start_ns),
+        ns_text(span.end_ns),
         span.name,
         span.kind,
         span.status_code,
@@ -58,17 +62,17 @@ def span_row(project_id: int, retention_days: int, span: SpanView, dropped: int,
         span.service,
         span.scope_name,
         span.scope_version,
-        resource_map,
-        string_map(span.attributes),
-        [e.time_ns if 0 <= e.time_ns <= _MAX_NS else 0 for e in events],
-        [e.name for e in events],
-        [string_map(e.attributes) for e in events],
-        [t for t, _ in span.links],
-        [s for _, s in span.links],
+        span.resource,
+        span.attributes,
+        [ns_text(e.time_ns if 0 <= e.time_ns <= _MAX_NS else 0) for e in events] if events else [],
+        [e.name for e in events] if events else [],
+        [e.attributes for e in events] if events else [],
+        [t for t, _ in links] if links else [],
+        [s for _, s in links] if links else [],
         min(dropped, _UINT32),
         convention,
         retention_days,
-    )
+    ]
 
 
 def _uint32(value: int | None) -> int | None:
@@ -77,8 +81,8 @@ def _uint32(value: int | None) -> int | None:
     return value if 0 <= value <= _UINT32 else None
 
 
-def call_row(project_id: int, retention_days: int, call: LLMCall) -> tuple:
-    return (
+def call_row(project_id: int, retention_days: int, call: LLMCall) -> list:
+    return [
         project_id,
         call.trace_id,
         call.span_id,
@@ -103,4 +107,25 @@ def call_row(project_id: int, retention_days: int, call: LLMCall) -> tuple:
         call.inference_ms,
         call.engine_config,
         retention_days,
-    )
+    ]
+
+
+def _finite(value: Any) -> Any:
+    """Replace NaN/±Infinity (not valid JSON) with their names as text, recursively."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return repr(value)
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value
+
+
+def encode_rows(rows: list[list]) -> bytes:
+    """JSONCompactEachRow bytes for these rows."""
+    if not rows:
+        return b""
+    try:
+        return "\n".join(map(_encode, rows)).encode()
+    except ValueError:  # a NaN or Infinity somewhere: rare, so only then pay for the clean-up
+        return "\n".join(_encode(_finite(row)) for row in rows).encode()

@@ -1,6 +1,7 @@
 """One OTLP export, whatever the transport: limits, decode, normalise, make durable, answer per the OTLP spec.
 
-A spool record is `(project_id, span_rows, call_rows, trace_ids)`.
+A spool record is `(project_id, trace_ids, spans_json, calls_json, span_count, call_count)`, the two blobs
+being JSONCompactEachRow rows ready for ClickHouse (see rows.py).
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from tenancy.keys import IngestIdentity
 from . import metrics
 from .limits import MalformedPayload, PayloadTooLarge, UnsupportedEncoding, decompress
 from .otlp import Decoded, Limits, decode_json, decode_protobuf
-from .rows import call_row, span_row, string_map
+from .rows import call_row, encode_rows, span_row
 from .spool import Spool, SpoolFull
 
 PROTOBUF_TYPES = {"application/x-protobuf", "application/protobuf"}
@@ -130,19 +131,15 @@ def build_record(identity: IngestIdentity, decoded: Decoded) -> tuple:
     span_rows = []
     call_rows = []
     trace_ids = set()
-    resource_maps: dict[int, dict[str, str]] = {}
-    truncated = 0
     for span, dropped in zip(decoded.spans, decoded.dropped):
-        resource_key = id(span.resource)
-        resource_map = resource_maps.get(resource_key)
-        if resource_map is None:
-            resource_map = resource_maps[resource_key] = string_map(span.resource)
         call = normalise_span(span)
-        span_rows.append(span_row(project_id, retention, span, dropped, call.convention if call else "", resource_map))
-        if call is not None:
+        if call is None:
+            span_rows.append(span_row(project_id, retention, span, dropped, ""))
+        else:
+            span_rows.append(span_row(project_id, retention, span, dropped, call.convention))
             call_rows.append(call_row(project_id, retention, call))
         trace_ids.add(span.trace_id)
-        truncated += dropped
-    if truncated:
-        metrics.ATTRIBUTES_TRUNCATED.inc(truncated)
-    return (project_id, span_rows, call_rows, sorted(trace_ids))
+    if decoded.truncated:
+        metrics.ATTRIBUTES_TRUNCATED.inc(decoded.truncated)
+    return (project_id, sorted(trace_ids), encode_rows(span_rows), encode_rows(call_rows), len(span_rows),
+            len(call_rows))

@@ -11,7 +11,7 @@ from pathlib import Path
 from traces.store import ClickHouseStore, StoreUnavailable
 
 from . import metrics
-from .rows import CALL_COLUMNS, SPAN_COLUMNS
+from .rows import CALL_COLUMNS, JSON_INSERT_SETTINGS, SPAN_COLUMNS
 from .spool import Spool
 
 log = logging.getLogger(__name__)
@@ -72,7 +72,7 @@ class SpanWriter(threading.Thread):
 
     def _collect(self):
         records, next_position = self.spool.read_from(self.position, max_records=256)
-        spans = sum(len(r[1]) for _, r in records)
+        spans = sum(r[4] for _, r in records)
         deadline = time.monotonic() + self.max_delay
         while spans < self.batch_spans and time.monotonic() < deadline and not self._stop_event.is_set():
             if not records:
@@ -83,21 +83,19 @@ class SpanWriter(threading.Thread):
             if not more and records:
                 break
             records.extend(more)
-            spans += sum(len(r[1]) for _, r in more)
+            spans += sum(r[4] for _, r in more)
         return records, next_position
 
     def _insert(self, records) -> None:
-        span_rows = [row for _, record in records for row in record[1]]
-        call_rows = [row for _, record in records for row in record[2]]
-        started = time.perf_counter()
-        self.store.insert("spans", span_rows, SPAN_COLUMNS)
-        metrics.INSERT_SECONDS.labels("spans").observe(time.perf_counter() - started)
-        metrics.INSERT_ROWS.labels("spans").inc(len(span_rows))
-        if call_rows:
+        # Each record holds JSONCompactEachRow blobs; a batch is their concatenation.
+        for table, columns, blob_index, count_index in (("spans", SPAN_COLUMNS, 2, 4), ("llm_calls", CALL_COLUMNS, 3, 5)):
+            blobs = [record[blob_index] for _, record in records if record[blob_index]]
+            if not blobs:
+                continue
             started = time.perf_counter()
-            self.store.insert("llm_calls", call_rows, CALL_COLUMNS)
-            metrics.INSERT_SECONDS.labels("llm_calls").observe(time.perf_counter() - started)
-            metrics.INSERT_ROWS.labels("llm_calls").inc(len(call_rows))
+            self.store.insert_encoded(table, columns, b"\n".join(blobs), "JSONCompactEachRow", JSON_INSERT_SETTINGS)
+            metrics.INSERT_SECONDS.labels(table).observe(time.perf_counter() - started)
+            metrics.INSERT_ROWS.labels(table).inc(sum(record[count_index] for _, record in records))
 
     def _write(self, records) -> None:
         try:

@@ -41,6 +41,11 @@ class PlatformServer:
             threads=settings.HTTP_THREADS,
             max_request_body_size=settings.INGEST["MAX_BODY_BYTES"] + 1,
             channel_timeout=60,
+            # Waitress reads bodies on its one I/O thread; with 8 KiB reads a 1 MB OTLP batch needs
+            # ~128 GIL hand-offs while decoding threads run. Read big chunks and keep typical batches
+            # in memory (larger ones spill to a temp file).
+            recv_bytes=1024 * 1024,
+            inbuf_overflow=4 * 1024 * 1024,
             connection_limit=200,
             ident="llm-observatory",
         )

@@ -23,6 +23,7 @@ def readyz(request):
         "ingest": runtime is not None,
         "clickhouse": store_ok,
         "spool_pending_bytes": runtime.spool.pending_bytes if runtime else None,
+        "decomposition_pending": runtime.builder.pending_traces() if runtime else None,
     }
     return JsonResponse(body, status=200 if runtime is not None else 503)
 

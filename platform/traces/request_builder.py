@@ -6,7 +6,6 @@ depend on the order or batching in which the spans arrived. Rows whose key moved
 """
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -14,6 +13,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from collectors.base import LLMCall, Role
+from ingest.rows import JSON_INSERT_SETTINGS, encode_rows
 
 from .decomposition import RequestRecord, decompose_trace
 from .store import ClickHouseStore, StoreUnavailable
@@ -49,33 +49,35 @@ def _call_from_row(row) -> tuple[LLMCall, int]:
     return call, retention
 
 
-def _hops_json(record: RequestRecord) -> str:
-    return json.dumps(
-        [
-            {
-                "role": hop.role, "span_id": hop.span_id, "service": hop.service, "convention": hop.convention,
-                "name": hop.name, "start_ns": hop.start_ns, "duration_ms": hop.duration_ms, "ttft_ms": hop.ttft_ms,
-            }
-            for hop in record.hops
-        ],
-        separators=(",", ":"),
-    )
+def _hops(record: RequestRecord) -> list[dict]:
+    # Stored as JSON text in a String column (ClickHouse writes arrays into String as their JSON).
+    return [
+        {
+            "role": hop.role, "span_id": hop.span_id, "service": hop.service, "convention": hop.convention,
+            "name": hop.name, "start_ns": hop.start_ns, "duration_ms": hop.duration_ms, "ttft_ms": hop.ttft_ms,
+        }
+        for hop in record.hops
+    ]
 
 
-def request_row(project_id: int, record: RequestRecord, version: int, retention_days: int) -> tuple:
-    return (
-        project_id, record.trace_id, record.request_key, record.request_id or "", record.start_ns // 1000,
+def _us_text(us: int) -> str:
+    return f"{us // 1_000_000}.{us % 1_000_000:06d}"
+
+
+def request_row(project_id: int, record: RequestRecord, version: int, retention_days: int) -> list:
+    return [
+        project_id, record.trace_id, record.request_key, record.request_id or "", _us_text(record.start_ns // 1000),
         record.service, record.model or "", record.engine_config or "", record.prompt_tokens,
         record.completion_tokens, record.prompt_bucket, record.e2e_ms, record.ttft_ms, record.engine_ttft_ms,
         record.tpot_ms, record.network_ms, record.network_client_gateway_ms, record.network_gateway_engine_ms,
-        record.overhead_ms, record.queue_ms, record.prefill_ms, record.decode_ms, _hops_json(record),
+        record.overhead_ms, record.queue_ms, record.prefill_ms, record.decode_ms, _hops(record),
         record.status, version, 0, retention_days,
-    )
+    ]
 
 
-def tombstone_row(project_id: int, trace_id: str, request_key: str, start_us: int, version: int) -> tuple:
-    return (project_id, trace_id, request_key, "", start_us, "", "", "", None, None, "", None, None, None, None,
-            None, None, None, None, None, None, None, "[]", "", version, 1, 1)
+def tombstone_row(project_id: int, trace_id: str, request_key: str, start_us: int, version: int) -> list:
+    return [project_id, trace_id, request_key, "", _us_text(start_us), "", "", "", None, None, "", None, None, None,
+            None, None, None, None, None, None, None, None, [], "", version, 1, 1]
 
 
 def rebuild_traces(store: ClickHouseStore, project_id: int, trace_ids: list[str]) -> int:
@@ -91,7 +93,7 @@ def _rebuild_chunk(store: ClickHouseStore, project_id: int, trace_ids: list[str]
     params = {"traces": trace_ids}
     calls_by_trace: dict[str, list[LLMCall]] = defaultdict(list)
     retention: dict[str, int] = {}
-    for row in store.query(
+    for row in store.query_json(
         f"SELECT {_CALL_FIELDS} FROM {store.table('llm_calls')} FINAL "
         "WHERE project_id = {project_id:UInt32} AND trace_id IN {traces:Array(String)}",
         project_id=project_id, parameters=params,
@@ -100,7 +102,7 @@ def _rebuild_chunk(store: ClickHouseStore, project_id: int, trace_ids: list[str]
         calls_by_trace[call.trace_id].append(call)
         retention[call.trace_id] = max(retention.get(call.trace_id, 0), days)
     previous: dict[str, list[tuple[str, int]]] = defaultdict(list)
-    for trace_id, key, start_us in store.query(
+    for trace_id, key, start_us in store.query_json(
         f"SELECT trace_id, request_key, toUnixTimestamp64Micro(start_time) FROM {store.table('llm_requests')} FINAL "
         "WHERE project_id = {project_id:UInt32} AND trace_id IN {traces:Array(String)}",
         project_id=project_id, parameters=params,
@@ -109,7 +111,7 @@ def _rebuild_chunk(store: ClickHouseStore, project_id: int, trace_ids: list[str]
     with_calls = sorted(calls_by_trace)
     parents_by_trace: dict[str, dict[str, str]] = defaultdict(dict)
     if with_calls:
-        for trace_id, span_id, parent in store.query(
+        for trace_id, span_id, parent in store.query_json(
             f"SELECT trace_id, span_id, parent_span_id FROM {store.table('spans')} "
             "WHERE project_id = {project_id:UInt32} AND trace_id IN {traces:Array(String)}",
             project_id=project_id, parameters={"traces": with_calls},
@@ -127,7 +129,7 @@ def _rebuild_chunk(store: ClickHouseStore, project_id: int, trace_ids: list[str]
         for key, start_us in previous.get(trace_id, ()):
             if (key, start_us * 1000 // _NS_PER_DAY) not in kept:
                 rows.append(tombstone_row(project_id, trace_id, key, start_us, version))
-    store.insert("llm_requests", rows, REQUEST_COLUMNS)
+    store.insert_encoded("llm_requests", REQUEST_COLUMNS, encode_rows(rows), "JSONCompactEachRow", JSON_INSERT_SETTINGS)
     return len(rows)
 
 
@@ -153,8 +155,8 @@ class RequestBuilder(threading.Thread):
     # called by the writer after each successful insert
     def mark_written(self, records: list[tuple]) -> None:
         with self._lock:
-            for project_id, _spans, _calls, trace_ids in records:
-                self._dirty[project_id].update(trace_ids)
+            for record in records:
+                self._dirty[record[0]].update(record[1])
 
     def mark_dirty(self, project_id: int, trace_ids) -> None:
         with self._lock:
@@ -181,6 +183,11 @@ class RequestBuilder(threading.Thread):
             self.mark_dirty(project_id, [r[0] for r in rows])
             count += len(rows)
         return count
+
+    def pending_traces(self) -> int:
+        """Traces waiting to be (re)decomposed, counting a cycle in progress."""
+        with self._lock:
+            return sum(len(t) for t in self._dirty.values()) + (1 if self._busy else 0)
 
     def stop(self) -> None:
         self._stop_event.set()

@@ -1,6 +1,7 @@
 """The one module that talks to ClickHouse: chdb in-process (embedded) or a server over HTTP, with tenant-checked queries."""
 from __future__ import annotations
 
+import json
 import logging
 import re
 import threading
@@ -162,6 +163,28 @@ class ClickHouseStore:
         target = f"{self.database}.{table}"
         identifier(table)
         self._run(lambda c: c.insert(target, rows, column_names=list(column_names)))
+
+    def insert_encoded(self, table: str, column_names: Sequence[str], data: bytes, fmt: str,
+                       settings: dict[str, Any] | None = None) -> None:
+        """Insert rows already encoded in a ClickHouse input format (parsed by ClickHouse, not Python)."""
+        if not data:
+            return
+        identifier(table)
+        target = f"{self.database}.{table}"
+        self._run(lambda c: c.raw_insert(target, list(column_names), insert_block=data, settings=settings, fmt=fmt))
+
+    def query_json(self, sql: str, *, project_id: int, parameters: dict[str, Any] | None = None) -> list[list]:
+        """Like query(), decoding the rows with the C JSON parser: much faster for large results."""
+        if "{project_id:UInt32}" not in sql:
+            raise TenantFilterMissing("tenant queries must filter on project_id = {project_id:UInt32}")
+        params = dict(parameters or {})
+        params["project_id"] = int(project_id)
+        raw = self._run(lambda c: c.raw_query(sql, parameters=params, fmt="JSONCompactEachRow",
+                                              settings={"output_format_json_quote_64bit_integers": 0,
+                                                        "output_format_json_quote_denormals": 0}))
+        if not raw:
+            return []
+        return [json.loads(line) for line in raw.splitlines() if line]
 
     def close(self) -> None:
         if self._chdb_client is not None:

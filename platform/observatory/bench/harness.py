@@ -21,12 +21,21 @@ def free_port() -> int:
 
 
 class PlatformProcess:
-    def __init__(self, data_dir: str | None = None, extra_env: dict | None = None):
-        self._tmp = None if data_dir else tempfile.TemporaryDirectory(prefix="observatory-bench-")
+    """`manage.py runplatform` in a child process with its own data directory (and, in server mode, the
+    DATABASE_URL given by the caller). Used by benchmarks and by the tests' live-platform fixtures."""
+
+    def __init__(self, data_dir: str | None = None, extra_env: dict | None = None, grpc: bool = False):
+        self._tmp = None if data_dir else tempfile.TemporaryDirectory(prefix="observatory-")
         self.data_dir = data_dir or self._tmp.name
         self.env = {**os.environ, "OBSERVATORY_DATA_DIR": self.data_dir, "LOG_LEVEL": "WARNING", **(extra_env or {})}
         self.port = free_port()
+        self.grpc_port = free_port() if grpc else None
         self.proc = None
+        self.log_path = Path(self.data_dir) / "platform.log"
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
 
     def manage(self, *args: str) -> str:
         out = subprocess.run([sys.executable, str(ROOT / "manage.py"), *args], env=self.env, check=True,
@@ -39,23 +48,58 @@ class PlatformProcess:
         token = self.manage("create_api_token", "--user", "bench", "--role", "viewer")
         return key, token
 
-    def start(self) -> None:
+    def start(self, timeout: float = 60) -> None:
+        grpc_args = ["--grpc", f"127.0.0.1:{self.grpc_port}"] if self.grpc_port else ["--no-grpc"]
+        Path(self.data_dir).mkdir(parents=True, exist_ok=True)
+        log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
-            [sys.executable, str(ROOT / "manage.py"), "runplatform", "--http", f"127.0.0.1:{self.port}", "--no-grpc"],
-            env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            [sys.executable, str(ROOT / "manage.py"), "runplatform", "--http", f"127.0.0.1:{self.port}", *grpc_args],
+            env=self.env, stdout=log, stderr=subprocess.STDOUT,
         )
-        deadline = time.time() + 60
+        log.close()
+        deadline = time.time() + timeout
         while time.time() < deadline:
             try:
                 status, _ = self.get("/readyz")
                 if status == 200:
                     return
-            except OSError:
+            except (OSError, ValueError):
                 pass
             if self.proc.poll() is not None:
-                raise RuntimeError(f"platform exited: {self.proc.stderr.read().decode()[-2000:]}")
+                raise RuntimeError(f"platform exited: {self.log_tail()}")
             time.sleep(0.1)
-        raise RuntimeError("platform did not become ready")
+        raise RuntimeError(f"platform did not become ready: {self.log_tail()}")
+
+    def log_tail(self, chars: int = 4000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-chars:]
+        except FileNotFoundError:
+            return ""
+
+    def post(self, path: str, body: bytes, headers: dict) -> tuple[int, dict, bytes]:
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
+        conn.request("POST", path, body=body, headers=headers)
+        response = conn.getresponse()
+        data = response.read()
+        result = response.status, {k.lower(): v for k, v in response.getheaders()}, data
+        conn.close()
+        return result
+
+    def wait_idle(self, timeout: float = 60) -> None:
+        """Wait until the spool is drained into ClickHouse and the decomposition has caught up."""
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            status, body = self.get("/readyz")
+            if status == 200 and body.get("spool_pending_bytes") == 0 and body.get("decomposition_pending") == 0:
+                return
+            time.sleep(0.05)
+        raise TimeoutError(f"platform did not become idle: {self.log_tail()}")
+
+    def kill(self) -> None:
+        """SIGKILL: no chance to flush anything."""
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(30)
 
     def get(self, path: str, token: str | None = None) -> tuple[int, dict]:
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=120)
@@ -66,12 +110,13 @@ class PlatformProcess:
         conn.close()
         return response.status, json.loads(body or b"{}")
 
-    def stop(self) -> None:
+    def stop(self, cleanup: bool = True) -> None:
         if self.proc and self.proc.poll() is None:
             self.proc.terminate()
             try:
                 self.proc.wait(30)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
-        if self._tmp:
+                self.proc.wait(30)
+        if cleanup and self._tmp:
             self._tmp.cleanup()

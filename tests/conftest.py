@@ -1,0 +1,100 @@
+"""Shared fixtures: a real platform process (`manage.py runplatform`) with its own data directory.
+
+In server mode (DATABASE_URL=postgresql://…) every platform gets a fresh PostgreSQL
+database, created here and dropped afterwards; CELERY_BROKER_URL is passed through.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import uuid
+from urllib.parse import urlparse, urlunparse
+
+import pytest
+
+from observatory.bench.harness import PlatformProcess
+
+
+def _server_mode_database() -> tuple[str, str] | None:
+    """(admin URL, URL of a new empty database) when the suite runs against PostgreSQL."""
+    url = os.environ.get("DATABASE_URL", "")
+    if not url.startswith(("postgres://", "postgresql://")):
+        return None
+    import psycopg
+
+    name = f"observatory_t_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    parsed = urlparse(url)
+    return url, urlunparse(parsed._replace(path=f"/{name}"))
+
+
+def _drop_database(admin_url: str, db_url: str) -> None:
+    import psycopg
+
+    name = urlparse(db_url).path.lstrip("/")
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@dataclasses.dataclass
+class LivePlatform:
+    process: PlatformProcess
+    keys: dict[str, str]  # project name -> ingest key
+    tokens: dict[str, str]  # user name -> API token
+
+    @property
+    def url(self) -> str:
+        return self.process.url
+
+    @property
+    def grpc_target(self) -> str:
+        return f"127.0.0.1:{self.process.grpc_port}"
+
+
+def start_platform(extra_env: dict | None = None, grpc: bool = True, data_dir: str | None = None):
+    """Start a platform with projects alpha and beta; alice reads alpha, bob reads beta. Returns (platform, cleanup)."""
+    env = dict(extra_env or {})
+    database = _server_mode_database()
+    if database:
+        env["DATABASE_URL"] = database[1]
+    process = PlatformProcess(data_dir=data_dir, extra_env=env, grpc=grpc)
+    process.manage("migrate", "-v0")
+    keys = {name: process.manage("create_ingest_key", "--project", name) for name in ("alpha", "beta")}
+    tokens = {
+        "alice": process.manage("create_api_token", "--user", "alice", "--role", "viewer", "--project", "alpha"),
+        "bob": process.manage("create_api_token", "--user", "bob", "--role", "viewer", "--project", "beta"),
+    }
+    process.start()
+
+    def cleanup():
+        process.stop()
+        if database:
+            _drop_database(database[0], database[1])
+
+    return LivePlatform(process, keys, tokens), cleanup
+
+
+@pytest.fixture(scope="module")
+def live_platform():
+    """One platform shared by the tests of a module (OTLP/HTTP on its web port, OTLP/gRPC enabled)."""
+    platform, cleanup = start_platform()
+    try:
+        yield platform
+    finally:
+        cleanup()
+
+
+@pytest.fixture
+def fresh_platform_factory():
+    """Start platforms owned by one test (for kill -9, outages, small limits); all stopped afterwards."""
+    cleanups = []
+
+    def factory(**kwargs):
+        platform, cleanup = start_platform(**kwargs)
+        cleanups.append(cleanup)
+        return platform
+
+    yield factory
+    for cleanup in reversed(cleanups):
+        cleanup()
