@@ -19,6 +19,7 @@ from ingest.spool import Spool
 from ingest.writer import SpanWriter
 from traces import ch_migrate
 from traces.request_builder import RequestBuilder
+from traces.rollups import RollupBuilder
 from traces.store import ClickHouseStore, get_store
 
 log = logging.getLogger(__name__)
@@ -63,22 +64,27 @@ class PlatformRuntime:
             max_delay=ingest["WRITER_MAX_DELAY_SECONDS"],
             on_written=self.builder.mark_written,
         )
+        self.rollups = RollupBuilder(
+            self.store,
+            interval=ingest["ROLLUP_INTERVAL_SECONDS"],
+            settle_seconds=ingest["ROLLUP_SETTLE_SECONDS"],
+            project_ids=_project_ids,
+        )
         self.started = False
 
     def start(self, migrate: bool = True) -> None:
-        from tenancy.models import Project
-
         if migrate:
             try:
                 for name in ch_migrate.apply(self.store, log=log.info):
                     log.info("applied ClickHouse migration %s", name)
-                recovered = self.builder.recover(list(Project.objects.values_list("id", flat=True)))
+                recovered = self.builder.recover(_project_ids())
                 if recovered:
                     log.info("rebuilding %d traces ingested before the last stop", recovered)
             except Exception as exc:  # ClickHouse away at start: ingest still works into the spool
                 log.warning("ClickHouse not ready at start (%s); spooling until it is", exc)
         self.writer.start()
         self.builder.start()
+        self.rollups.start()
         self.started = True
 
     def wait_idle(self, timeout: float = 60.0) -> bool:
@@ -88,13 +94,24 @@ class PlatformRuntime:
     def stop(self) -> None:
         self.writer.stop()
         self.builder.stop()
+        self.rollups.stop()
         if self.started:
             self.writer.join(timeout=30)
             self.builder.join(timeout=30)
+            self.rollups.join(timeout=30)
         self.spool.close()
         fcntl.flock(self._lock_file, fcntl.LOCK_UN)
         self._lock_file.close()
         self.started = False
+
+
+def _project_ids() -> list[int]:
+    from django.db import close_old_connections
+
+    from tenancy.models import Project
+
+    close_old_connections()
+    return list(Project.objects.values_list("id", flat=True))
 
 
 _runtime: PlatformRuntime | None = None

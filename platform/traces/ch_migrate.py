@@ -66,16 +66,26 @@ def context_for(store: ClickHouseStore) -> RenderContext:
     return RenderContext(database=store.database, cluster=store.cluster)
 
 
-def applied_names(store: ClickHouseStore) -> set[str]:
+def applied_names(store: ClickHouseStore, create: bool = True) -> set[str]:
+    """Names of the applied migrations. With create=False nothing is created (--plan, --check): a store
+    without the bookkeeping table has applied nothing."""
     ctx = context_for(store)
-    for statement in STATE_TABLE.create_statements(ctx):
-        store.command(statement)
+    if create:
+        for statement in STATE_TABLE.create_statements(ctx):
+            store.command(statement)
+    else:
+        exists = store.system_query(
+            "SELECT count() FROM system.tables WHERE database = {db:String} AND name = 'schema_migrations'",
+            parameters={"db": store.database},
+        )
+        if not exists or not exists[0][0]:
+            return set()
     rows = store.system_query(f"SELECT name FROM {ctx.qualified('schema_migrations')} FINAL")
     return {row[0] for row in rows}
 
 
-def pending(store: ClickHouseStore, package: str = PACKAGE) -> list[Migration]:
-    done = applied_names(store)
+def pending(store: ClickHouseStore, package: str = PACKAGE, create: bool = True) -> list[Migration]:
+    done = applied_names(store, create=create)
     return [m for m in discover(package) if m.name not in done]
 
 

@@ -55,7 +55,9 @@ class Table:
             ]
         local = f"{self.name}_local"
         engine_name, _, args = self.engine.partition("(")
-        args = args.rstrip(")")
+        if args.endswith(")"):
+            args = args[:-1]  # only the engine's own closing parenthesis: its arguments may hold more
+        args = args.strip()
         zk_path = f"'/clickhouse/tables/{{shard}}/{ctx.database}/{local}', '{{replica}}'"
         replicated = f"Replicated{engine_name}({zk_path}{', ' + args if args else ''})"
         return [

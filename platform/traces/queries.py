@@ -6,6 +6,7 @@ import json
 import math
 from typing import Any
 
+from . import rollups
 from .store import ClickHouseStore
 
 GROUP_DIMENSIONS = ("model", "service", "prompt_bucket", "engine_config")
@@ -65,26 +66,84 @@ def _filters(filters: dict[str, str]) -> tuple[str, dict[str, Any]]:
     return "".join(f" AND {c}" for c in clauses), params
 
 
+def _hour_floor(t: dt.datetime) -> dt.datetime:
+    return t.replace(minute=0, second=0, microsecond=0)
+
+
+def _uncovered_ranges(since: dt.datetime, until: dt.datetime, clean_hours: list[int]) -> list[tuple[dt.datetime, dt.datetime]]:
+    """The parts of [since, until) not covered by the clean hours (epoch seconds, sorted)."""
+    ranges = []
+    cursor = since
+    for hour in clean_hours:
+        start = dt.datetime.fromtimestamp(hour, dt.timezone.utc)
+        if start > cursor:
+            ranges.append((cursor, start))
+        cursor = max(cursor, start + dt.timedelta(hours=1))
+    if cursor < until:
+        ranges.append((cursor, until))
+    return ranges
+
+
 def latency_summary(store: ClickHouseStore, project_id: int, *, since: dt.datetime, until: dt.datetime,
                     group_by: list[str], filters: dict[str, str], exact: bool = False) -> list[dict]:
-    """Per group: count, errors, p50/p95/p99 of e2e/ttft/tpot and p50/p95 of each component."""
+    """Per group: count, errors, p50/p95/p99 of e2e/ttft/tpot and p50/p95 of each component.
+
+    t-digest mode merges the hourly rollup states of clean whole hours with states computed
+    from the raw rows of everything else; exact mode reads raw rows only.
+    """
     for name in group_by:
         if name not in GROUP_DIMENSIONS:
             raise ValueError(f"cannot group by {name!r}")
-    fn = "quantilesExact" if exact else "quantilesTDigest"
+    metrics = TAIL_METRICS + COMPONENT_METRICS
     levels = ", ".join(str(q) for q in LEVELS)
-    aggregates = [f"{fn}({levels})({m})" for m in TAIL_METRICS + COMPONENT_METRICS]
     dims = ", ".join(group_by)
+    select_dims = dims + ", " if dims else ""
+    group_clause = f" GROUP BY {dims} ORDER BY {dims}" if dims else ""
     where, params = _filters(filters)
-    sql = (
-        f"SELECT {dims + ', ' if dims else ''}count(), countIf(status = 'error'), {', '.join(aggregates)} "
-        f"FROM {store.table('llm_requests')} FINAL "
+    params.update(since=since.replace(tzinfo=None), until=until.replace(tzinfo=None))
+    raw_where = (
         "WHERE project_id = {project_id:UInt32} AND start_time >= {since:DateTime64(6)} "
         f"AND start_time < {{until:DateTime64(6)}}{where}"
-        f"{' GROUP BY ' + dims + ' ORDER BY ' + dims if dims else ''}"
-        " SETTINGS do_not_merge_across_partitions_select_final = 1"
     )
-    params.update(since=since.replace(tzinfo=None), until=until.replace(tzinfo=None))
+    final = " SETTINGS do_not_merge_across_partitions_select_final = 1"
+    if exact:
+        # quantilesExact over no values answers 0; say "not observed" (NaN → null) instead.
+        aggregates = ", ".join(f"if(count({m}) > 0, quantilesExact({levels})({m}), [nan, nan, nan])" for m in metrics)
+        sql = (
+            f"SELECT {select_dims}count(), countIf(status = 'error'), {aggregates} "
+            f"FROM {store.table('llm_requests')} FINAL {raw_where}{group_clause}{final}"
+        )
+    else:
+        first_hour = _hour_floor(since)
+        if first_hour < since:
+            first_hour += dt.timedelta(hours=1)
+        clean = rollups.clean_hours(store, project_id, first_hour, _hour_floor(until))
+        params["clean"] = clean
+        ranges = _uncovered_ranges(since, until, sorted(hour for hour, _ in clean))
+        range_sql = []
+        for i, (start, end) in enumerate(ranges):
+            params[f"r{i}_start"], params[f"r{i}_end"] = start.replace(tzinfo=None), end.replace(tzinfo=None)
+            range_sql.append(f"(start_time >= {{r{i}_start:DateTime64(6)}} AND start_time < {{r{i}_end:DateTime64(6)}})")
+        raw_where = (
+            "WHERE project_id = {project_id:UInt32} AND "
+            f"({' OR '.join(range_sql) if range_sql else '0'}){where}"
+        )
+        states = ", ".join(f"quantilesTDigestState({levels})({m}) AS s_{m}" for m in metrics)
+        rollup_states = ", ".join(f"{m} AS s_{m}" for m in metrics)
+        merged = ", ".join(f"quantilesTDigestMerge({levels})(s_{m})" for m in metrics)
+        sql = (
+            f"SELECT {select_dims}sum(n), sum(errs), {merged} FROM ("
+            f"SELECT {select_dims}requests AS n, errors AS errs, {rollup_states} "
+            f"FROM {store.table('request_rollup_hourly')} "
+            "WHERE project_id = {project_id:UInt32} "
+            "AND (toUnixTimestamp(hour), version) IN {clean:Array(Tuple(UInt32, UInt64))}"
+            f"{where} "
+            "UNION ALL "
+            f"SELECT {select_dims}count() AS n, countIf(status = 'error') AS errs, {states} "
+            f"FROM {store.table('llm_requests')} FINAL {raw_where}"
+            f"{' GROUP BY ' + dims if dims else ''}"
+            f"){group_clause}{final}"
+        )
     rows = store.query(sql, project_id=project_id, parameters=params)
     return [_summary_group(group_by, row) for row in rows if row[len(group_by)] > 0]
 

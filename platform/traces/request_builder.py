@@ -16,6 +16,7 @@ from collectors.base import LLMCall, Role
 from ingest.rows import JSON_INSERT_SETTINGS, encode_rows
 
 from .decomposition import RequestRecord, decompose_trace
+from .rollups import record_touches
 from .store import ClickHouseStore, StoreUnavailable
 
 log = logging.getLogger(__name__)
@@ -33,7 +34,7 @@ _CALL_FIELDS = (
     "decode_ms, inference_ms, engine_config, retention_days"
 )
 _CHUNK = 5000
-_NS_PER_DAY = 86_400 * 1_000_000_000
+_NS_PER_HOUR = 3_600 * 1_000_000_000
 
 
 def _call_from_row(row) -> tuple[LLMCall, int]:
@@ -119,17 +120,23 @@ def _rebuild_chunk(store: ClickHouseStore, project_id: int, trace_ids: list[str]
             parents_by_trace[trace_id][span_id] = parent
     version = time.time_ns()
     rows = []
+    hours: set[int] = set()
     for trace_id in set(with_calls) | set(previous):
         records = decompose_trace(calls_by_trace.get(trace_id, []), parents_by_trace.get(trace_id, {}))
         days = retention.get(trace_id, 1)
         kept = set()
         for record in records:
             rows.append(request_row(project_id, record, version, days))
-            kept.add((record.request_key, record.start_ns // _NS_PER_DAY))
+            kept.add((record.request_key, record.start_ns // _NS_PER_HOUR))
+            hours.add(record.start_ns // _NS_PER_HOUR * 3600)
         for key, start_us in previous.get(trace_id, ()):
-            if (key, start_us * 1000 // _NS_PER_DAY) not in kept:
+            hours.add(start_us // 3_600_000_000 * 3600)
+            # The sort key holds the hour: a row whose hour moved is another row, so cancel the old one.
+            if (key, start_us // 3_600_000_000) not in kept:
                 rows.append(tombstone_row(project_id, trace_id, key, start_us, version))
     store.insert_encoded("llm_requests", REQUEST_COLUMNS, encode_rows(rows), "JSONCompactEachRow", JSON_INSERT_SETTINGS)
+    # After the rows, so a rollup built in between is seen as stale and built again.
+    record_touches(store, project_id, hours, version)
     return len(rows)
 
 

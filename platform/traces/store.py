@@ -144,6 +144,14 @@ class ClickHouseStore:
         params["project_id"] = int(project_id)
         return self._run(lambda c: c.query(sql, parameters=params).result_rows)
 
+    def tenant_command(self, sql: str, *, project_id: int, parameters: dict[str, Any] | None = None) -> Any:
+        """A statement on tenant data that returns no rows (INSERT … SELECT); same tenant rule as query()."""
+        if "{project_id:UInt32}" not in sql:
+            raise TenantFilterMissing("tenant statements must filter on project_id = {project_id:UInt32}")
+        params = dict(parameters or {})
+        params["project_id"] = int(project_id)
+        return self._run(lambda c: c.command(sql, parameters=params))
+
     def query_columns(self, sql: str, *, project_id: int, parameters: dict[str, Any] | None = None):
         """Like query(), returning (column_names, rows)."""
         if "{project_id:UInt32}" not in sql:

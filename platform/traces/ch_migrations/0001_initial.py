@@ -115,11 +115,12 @@ LLM_REQUESTS = Table(
     # A trace is decomposed again when late spans arrive: the newest version wins, and rows
     # whose key moved are cancelled with is_deleted = 1.
     engine="ReplacingMergeTree(version, is_deleted)",
-    # Keyed by trace so a trace's rows are found by primary key when it is decomposed again;
-    # daily partitions keep time-range scans to the days asked for.
-    order_by="project_id, trace_id, request_key",
+    # Time in the key keeps summaries to the hours asked for; a trace's rows are found through
+    # the bloom filter. A row whose hour changed on a rebuild is cancelled (is_deleted = 1).
+    order_by="project_id, toStartOfHour(start_time), trace_id, request_key",
     partition_by="toDate(start_time)",
     ttl="toDateTime(start_time) + toIntervalDay(retention_days)",
+    indexes=("INDEX idx_trace trace_id TYPE bloom_filter(0.001) GRANULARITY 1",),
     sharding_key="sipHash64(trace_id)",
 )
 

@@ -22,7 +22,7 @@ class Command(BaseCommand):
                 todo = ch_migrate.discover()
             else:
                 ctx = ch_migrate.context_for(store)
-                todo = ch_migrate.pending(store)
+                todo = ch_migrate.pending(store, create=False)  # --plan and --check change nothing
             if plan:
                 for migration, statements in ch_migrate.render_plan(todo, ctx):
                     self.stdout.write(f"-- {migration.name}{' (blocking)' if migration.blocking else ''}")

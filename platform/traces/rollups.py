@@ -1,0 +1,120 @@
+"""Hourly rollups of llm_requests, so summaries over long ranges merge a few states instead of scanning rows.
+
+An hour is *clean* when its current build covers the newest request rows written for
+it (request_rollup_builds.source_version >= request_hour_touches.version). Summaries
+read clean whole hours from the rollup and everything else (range edges, the current
+hour, hours touched by late spans) from llm_requests, merging t-digest states of both.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import threading
+import time
+
+from .store import ClickHouseStore, StoreUnavailable
+
+log = logging.getLogger(__name__)
+
+ROLLUP_METRICS = ("e2e_ms", "ttft_ms", "tpot_ms", "network_ms", "overhead_ms", "queue_ms", "prefill_ms", "decode_ms")
+QUANTILES = "quantilesTDigest(0.5, 0.95, 0.99)"
+DIMENSIONS = ("service", "model", "engine_config", "prompt_bucket")
+
+
+def record_touches(store: ClickHouseStore, project_id: int, hours: set[int], version: int) -> None:
+    """Note that request rows of these hours (epoch seconds, hour-aligned) changed at `version`."""
+    if not hours:
+        return
+    rows = "\n".join(f"[{project_id},{hour},{version}]" for hour in sorted(hours))
+    store.insert_encoded("request_hour_touches", ("project_id", "hour", "version"), rows.encode(), "JSONCompactEachRow")
+
+
+def dirty_hours(store: ClickHouseStore, project_id: int, settled_before: dt.datetime, limit: int = 500) -> list[tuple[dt.datetime, int]]:
+    """Closed hours whose rollup is missing or older than their rows: (hour, touch version)."""
+    rows = store.query(
+        f"SELECT t.hour, t.version FROM {store.table('request_hour_touches')} AS t FINAL "
+        f"LEFT JOIN (SELECT hour, source_version FROM {store.table('request_rollup_builds')} FINAL "
+        "            WHERE project_id = {project_id:UInt32}) AS b ON b.hour = t.hour "
+        "WHERE t.project_id = {project_id:UInt32} AND t.hour + INTERVAL 1 HOUR <= {settled:DateTime} "
+        "AND t.version > b.source_version ORDER BY t.hour LIMIT {limit:UInt32} "
+        "SETTINGS join_use_nulls = 0",
+        project_id=project_id,
+        parameters={"settled": settled_before.replace(tzinfo=None), "limit": limit},
+    )
+    return [(hour, version) for hour, version in rows]
+
+
+def build_hour(store: ClickHouseStore, project_id: int, hour: dt.datetime, source_version: int) -> None:
+    version = time.time_ns()
+    states = ", ".join(f"{QUANTILES.replace('quantilesTDigest', 'quantilesTDigestState')}({m})" for m in ROLLUP_METRICS)
+    dims = ", ".join(DIMENSIONS)
+    store.tenant_command(
+        f"INSERT INTO {store.table('request_rollup_hourly')} "
+        f"(project_id, hour, {dims}, requests, errors, {', '.join(ROLLUP_METRICS)}, version, retention_days) "
+        f"SELECT project_id, toStartOfHour(start_time), {dims}, count(), countIf(status = 'error'), {states}, "
+        "{version:UInt64}, max(retention_days) "
+        f"FROM {store.table('llm_requests')} FINAL "
+        "WHERE project_id = {project_id:UInt32} AND start_time >= {hour:DateTime64(6)} "
+        "AND start_time < {hour:DateTime64(6)} + INTERVAL 1 HOUR "
+        f"GROUP BY project_id, toStartOfHour(start_time), {dims}",
+        project_id=project_id,
+        parameters={"hour": hour.replace(tzinfo=None), "version": version},
+    )
+    store.insert_encoded(
+        "request_rollup_builds",
+        ("project_id", "hour", "version", "source_version"),
+        f"[{project_id},{int(hour.replace(tzinfo=dt.timezone.utc).timestamp())},{version},{source_version}]".encode(),
+        "JSONCompactEachRow",
+    )
+
+
+def build_dirty_hours(store: ClickHouseStore, project_id: int, settle_seconds: float = 120) -> int:
+    settled = dt.datetime.now(dt.timezone.utc) - dt.timedelta(seconds=settle_seconds)
+    done = 0
+    for hour, version in dirty_hours(store, project_id, settled):
+        build_hour(store, project_id, hour, version)
+        done += 1
+    return done
+
+
+def clean_hours(store: ClickHouseStore, project_id: int, first: dt.datetime, end: dt.datetime) -> list[tuple[int, int]]:
+    """(hour as epoch seconds, rollup version) of the clean hours in [first, end)."""
+    if first >= end:
+        return []
+    rows = store.query(
+        "SELECT toUnixTimestamp(b.hour), b.version "
+        f"FROM {store.table('request_rollup_builds')} AS b FINAL "
+        f"INNER JOIN (SELECT hour, version FROM {store.table('request_hour_touches')} FINAL "
+        "             WHERE project_id = {project_id:UInt32} AND hour >= {first:DateTime} AND hour < {end:DateTime}) "
+        "  AS t ON t.hour = b.hour "
+        "WHERE b.project_id = {project_id:UInt32} AND b.hour >= {first:DateTime} AND b.hour < {end:DateTime} "
+        "AND b.source_version >= t.version",
+        project_id=project_id,
+        parameters={"first": first.replace(tzinfo=None), "end": end.replace(tzinfo=None)},
+    )
+    return [(int(h), int(v)) for h, v in rows]
+
+
+class RollupBuilder(threading.Thread):
+    """Rebuilds the rollups of closed hours that changed, every `interval` seconds, for every project."""
+
+    def __init__(self, store: ClickHouseStore, *, interval: float, settle_seconds: float, project_ids):
+        super().__init__(name="rollup-builder", daemon=True)
+        self.store = store
+        self.interval = interval
+        self.settle_seconds = settle_seconds
+        self.project_ids = project_ids  # callable returning the current project ids
+        self._stop_event = threading.Event()
+
+    def stop(self) -> None:
+        self._stop_event.set()
+
+    def run(self) -> None:
+        while not self._stop_event.wait(self.interval):
+            try:
+                for project_id in self.project_ids():
+                    build_dirty_hours(self.store, project_id, self.settle_seconds)
+            except StoreUnavailable as exc:
+                log.warning("rollup builder: ClickHouse unavailable (%s)", exc)
+            except Exception:
+                log.exception("rollup builder failed; retrying next round")
