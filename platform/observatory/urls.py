@@ -1,8 +1,8 @@
 from django.contrib import admin
-from django.urls import path
+from django.urls import path, re_path
 
 from ingest.views import otlp_traces
-from traces.api import latency_summary_view, requests_view
+from traces.api import latency_summary_view, not_found_view, requests_view
 
 from . import views
 
@@ -11,6 +11,7 @@ urlpatterns = [
     path("api/v1/requests", requests_view, name="api-requests"),
     path("api/v1/latency/summary", latency_summary_view, name="api-latency-summary"),
     path("api/v1/openapi.json", views.openapi, name="api-openapi"),
+    re_path(r"^api/", not_found_view),  # after every API route: unknown API paths answer in JSON too
     path("metrics", views.prometheus_metrics, name="metrics"),
     path("healthz", views.healthz),
     path("readyz", views.readyz),

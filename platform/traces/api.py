@@ -3,18 +3,26 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
+import logging
 import re
 
 from django.http import HttpRequest, JsonResponse
-from django.views.decorators.http import require_GET
+from django.views.decorators.csrf import csrf_exempt
 
 from tenancy.keys import ApiIdentity, bearer_token, resolve_api_token
 
 from . import queries
 from .store import StoreUnavailable, get_store
 
-_TRACE_ID = re.compile(r"^[0-9a-fA-F]{32}$")
+log = logging.getLogger(__name__)
+
+_TRACE_ID = re.compile(r"[0-9a-fA-F]{32}")  # used with fullmatch: "$" would let a trailing newline through
 MAX_RANGE = dt.timedelta(days=400)
+# What the store's DateTime64 columns can hold; outside it a time is refused instead of being clamped or
+# overflowing Python's datetime (year 1 minus one hour).
+EARLIEST = dt.datetime(1900, 1, 1, tzinfo=dt.timezone.utc)
+LATEST = dt.datetime(2299, 12, 31, 23, 59, 59, tzinfo=dt.timezone.utc)
+_METHODS = ("GET", "HEAD")
 
 
 class ApiError(Exception):
@@ -25,11 +33,18 @@ class ApiError(Exception):
 
 
 def api_view(fn):
+    """Bearer-token auth and JSON everywhere: every answer, errors included, is a JSON object (errors carry
+    "error"). CSRF does not apply: the API authenticates with a header, never with a cookie."""
+
     @functools.wraps(fn)
-    @require_GET
+    @csrf_exempt
     def wrapper(request: HttpRequest, *args, **kwargs):
-        identity = resolve_api_token(bearer_token(request.META.get("HTTP_AUTHORIZATION")))
+        if request.method not in _METHODS:
+            response = JsonResponse({"error": f"method {request.method} not allowed; use GET"}, status=405)
+            response["Allow"] = ", ".join(_METHODS)
+            return response
         try:
+            identity = resolve_api_token(bearer_token(request.META.get("HTTP_AUTHORIZATION")))
             if identity is None:
                 raise ApiError(401, "missing or invalid API token (Authorization: Bearer <token>)")
             return JsonResponse(fn(request, identity, *args, **kwargs))
@@ -39,8 +54,17 @@ def api_view(fn):
             response = JsonResponse({"error": "the trace store is unavailable; retry shortly"}, status=503)
             response["Retry-After"] = "5"
             return response
+        except Exception:
+            log.exception("API request failed: %s", request.get_full_path())
+            return JsonResponse({"error": "internal error"}, status=500)
 
     return wrapper
+
+
+@csrf_exempt
+def not_found_view(request: HttpRequest, *args, **kwargs) -> JsonResponse:
+    """Unknown paths under /api/ answer in JSON like the rest of the API."""
+    return JsonResponse({"error": f"no API endpoint at {request.path}"}, status=404)
 
 
 def project_for(request: HttpRequest, identity: ApiIdentity) -> int:
@@ -58,23 +82,27 @@ def project_for(request: HttpRequest, identity: ApiIdentity) -> int:
     return project_id
 
 
-def parse_time(value: str | None, default: dt.datetime, name: str) -> dt.datetime:
+def parse_time(value: str | None, name: str) -> dt.datetime | None:
+    """An ISO 8601 time as an aware UTC datetime (a naive time is UTC), or None when absent or empty."""
     if value is None or value == "":
-        return default
+        return None
     try:
         parsed = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
+        if parsed.tzinfo is None:
+            parsed = parsed.replace(tzinfo=dt.timezone.utc)
+        parsed = parsed.astimezone(dt.timezone.utc)
+    except (ValueError, OverflowError):
         raise ApiError(400, f"{name} must be an ISO 8601 time, e.g. 2026-01-31T12:00:00Z") from None
-    if parsed.tzinfo is None:
-        parsed = parsed.replace(tzinfo=dt.timezone.utc)
-    return parsed.astimezone(dt.timezone.utc)
+    if not EARLIEST <= parsed <= LATEST:
+        raise ApiError(400, f"{name} must be between {EARLIEST:%Y-%m-%d} and {LATEST:%Y-%m-%d}")
+    return parsed
 
 
 @api_view
 def requests_view(request: HttpRequest, identity: ApiIdentity) -> dict:
     project_id = project_for(request, identity)
     trace_id = request.GET.get("trace_id", "")
-    if not _TRACE_ID.match(trace_id):
+    if not _TRACE_ID.fullmatch(trace_id):
         raise ApiError(400, "trace_id must be 32 hex characters")
     return {"requests": queries.requests_for_trace(get_store(), project_id, trace_id.lower())}
 
@@ -82,9 +110,8 @@ def requests_view(request: HttpRequest, identity: ApiIdentity) -> dict:
 @api_view
 def latency_summary_view(request: HttpRequest, identity: ApiIdentity) -> dict:
     project_id = project_for(request, identity)
-    now = dt.datetime.now(dt.timezone.utc)
-    until = parse_time(request.GET.get("until"), now, "until")
-    since = parse_time(request.GET.get("since"), until - dt.timedelta(hours=1), "since")
+    until = parse_time(request.GET.get("until"), "until") or dt.datetime.now(dt.timezone.utc)
+    since = parse_time(request.GET.get("since"), "since") or max(until - dt.timedelta(hours=1), EARLIEST)
     if since >= until:
         raise ApiError(400, "since must be before until")
     if until - since > MAX_RANGE:

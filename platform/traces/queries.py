@@ -117,9 +117,21 @@ def latency_summary(store: ClickHouseStore, project_id: int, *, since: dt.dateti
         first_hour = _hour_floor(since)
         if first_hour < since:
             first_hour += dt.timedelta(hours=1)
-        clean = rollups.clean_hours(store, project_id, first_hour, _hour_floor(until))
-        params["clean"] = clean
-        ranges = _uncovered_ranges(since, until, sorted(hour for hour, _ in clean))
+        last_hour = _hour_floor(until)
+        first_day = first_hour.replace(hour=0)
+        if first_day < first_hour:
+            first_day += dt.timedelta(days=1)
+        days = rollups.clean_days(store, project_id, first_day, last_hour.replace(hour=0) + dt.timedelta(days=1))
+        days = [(day, v) for day, v in days if day + 86400 <= last_hour.timestamp()]
+        day_starts = {day for day, _ in days}
+        hours = [
+            (hour, v) for hour, v in rollups.clean_hours(store, project_id, first_hour, last_hour)
+            if hour - hour % 86400 not in day_starts
+        ]
+        params["clean_days"] = days
+        params["clean"] = hours
+        covered = sorted([hour for hour, _ in hours] + [day + h * 3600 for day in day_starts for h in range(24)])
+        ranges = _uncovered_ranges(since, until, covered)
         range_sql = []
         for i, (start, end) in enumerate(ranges):
             params[f"r{i}_start"], params[f"r{i}_end"] = start.replace(tzinfo=None), end.replace(tzinfo=None)
@@ -133,6 +145,12 @@ def latency_summary(store: ClickHouseStore, project_id: int, *, since: dt.dateti
         merged = ", ".join(f"quantilesTDigestMerge({levels})(s_{m})" for m in metrics)
         sql = (
             f"SELECT {select_dims}sum(n), sum(errs), {merged} FROM ("
+            f"SELECT {select_dims}requests AS n, errors AS errs, {rollup_states} "
+            f"FROM {store.table('request_rollup_daily')} "
+            "WHERE project_id = {project_id:UInt32} "
+            "AND (toUnixTimestamp(day), version) IN {clean_days:Array(Tuple(UInt32, UInt64))}"
+            f"{where} "
+            "UNION ALL "
             f"SELECT {select_dims}requests AS n, errors AS errs, {rollup_states} "
             f"FROM {store.table('request_rollup_hourly')} "
             "WHERE project_id = {project_id:UInt32} "

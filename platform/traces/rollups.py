@@ -69,12 +69,82 @@ def build_hour(store: ClickHouseStore, project_id: int, hour: dt.datetime, sourc
 
 
 def build_dirty_hours(store: ClickHouseStore, project_id: int, settle_seconds: float = 120) -> int:
+    """Rebuild stale hourly rollups, then the daily rollups whose hours are all current."""
     settled = dt.datetime.now(dt.timezone.utc) - dt.timedelta(seconds=settle_seconds)
     done = 0
     for hour, version in dirty_hours(store, project_id, settled):
         build_hour(store, project_id, hour, version)
         done += 1
+    for day, version in dirty_days(store, project_id, settled):
+        build_day(store, project_id, day, version)
+        done += 1
     return done
+
+
+def dirty_days(store: ClickHouseStore, project_id: int, settled_before: dt.datetime, limit: int = 100) -> list[tuple[dt.datetime, int]]:
+    """Closed days whose touched hours are all clean and whose daily rollup is missing or stale."""
+    rows = store.query(
+        "SELECT t.day, t.version FROM ("
+        "  SELECT toStartOfDay(th.hour) AS day, max(th.version) AS version, "
+        "         countIf(hb.source_version < th.version) AS stale_hours "
+        f"  FROM {store.table('request_hour_touches')} AS th FINAL "
+        f"  LEFT JOIN (SELECT hour, source_version FROM {store.table('request_rollup_builds')} FINAL "
+        "             WHERE project_id = {project_id:UInt32}) AS hb ON hb.hour = th.hour "
+        "  WHERE th.project_id = {project_id:UInt32} GROUP BY day) AS t "
+        f"LEFT JOIN (SELECT day, source_version FROM {store.table('request_rollup_daily_builds')} FINAL "
+        "           WHERE project_id = {project_id:UInt32}) AS d ON d.day = t.day "
+        "WHERE t.stale_hours = 0 AND t.day + INTERVAL 1 DAY <= {settled:DateTime} AND t.version > d.source_version "
+        "ORDER BY t.day LIMIT {limit:UInt32} SETTINGS join_use_nulls = 0",
+        project_id=project_id,
+        parameters={"settled": settled_before.replace(tzinfo=None), "limit": limit},
+    )
+    return [(day, version) for day, version in rows]
+
+
+def build_day(store: ClickHouseStore, project_id: int, day: dt.datetime, source_version: int) -> None:
+    """Merge the day's current hourly states into one state per group."""
+    version = time.time_ns()
+    dims = ", ".join(DIMENSIONS)
+    merged = ", ".join(f"{QUANTILES.replace('quantilesTDigest', 'quantilesTDigestMergeState')}({m})" for m in ROLLUP_METRICS)
+    store.tenant_command(
+        f"INSERT INTO {store.table('request_rollup_daily')} "
+        f"(project_id, day, {dims}, requests, errors, {', '.join(ROLLUP_METRICS)}, version, retention_days) "
+        f"SELECT project_id, toStartOfDay(hour), {dims}, sum(requests), sum(errors), {merged}, "
+        "{version:UInt64}, max(retention_days) "
+        f"FROM {store.table('request_rollup_hourly')} "
+        "WHERE project_id = {project_id:UInt32} AND hour >= {day:DateTime} AND hour < {day:DateTime} + INTERVAL 1 DAY "
+        "AND (hour, version) IN (SELECT hour, version FROM "
+        f"     {store.table('request_rollup_builds')} FINAL WHERE project_id = {{project_id:UInt32}} "
+        "     AND hour >= {day:DateTime} AND hour < {day:DateTime} + INTERVAL 1 DAY) "
+        f"GROUP BY project_id, toStartOfDay(hour), {dims}",
+        project_id=project_id,
+        parameters={"day": day.replace(tzinfo=None), "version": version},
+    )
+    store.insert_encoded(
+        "request_rollup_daily_builds",
+        ("project_id", "day", "version", "source_version"),
+        f"[{project_id},{int(day.replace(tzinfo=dt.timezone.utc).timestamp())},{version},{source_version}]".encode(),
+        "JSONCompactEachRow",
+    )
+
+
+def clean_days(store: ClickHouseStore, project_id: int, first: dt.datetime, end: dt.datetime) -> list[tuple[int, int]]:
+    """(day as epoch seconds, daily rollup version) of the days in [first, end) whose daily rollup is current."""
+    if first >= end:
+        return []
+    rows = store.query(
+        "SELECT toUnixTimestamp(d.day), d.version "
+        f"FROM {store.table('request_rollup_daily_builds')} AS d FINAL "
+        "INNER JOIN (SELECT toStartOfDay(hour) AS day, max(version) AS version "
+        f"            FROM {store.table('request_hour_touches')} FINAL "
+        "            WHERE project_id = {project_id:UInt32} AND hour >= {first:DateTime} AND hour < {end:DateTime} "
+        "            GROUP BY day) AS t ON t.day = d.day "
+        "WHERE d.project_id = {project_id:UInt32} AND d.day >= {first:DateTime} AND d.day < {end:DateTime} "
+        "AND d.source_version >= t.version",
+        project_id=project_id,
+        parameters={"first": first.replace(tzinfo=None), "end": end.replace(tzinfo=None)},
+    )
+    return [(int(d), int(v)) for d, v in rows]
 
 
 def clean_hours(store: ClickHouseStore, project_id: int, first: dt.datetime, end: dt.datetime) -> list[tuple[int, int]]:
