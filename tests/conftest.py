@@ -11,7 +11,6 @@ import uuid
 from urllib.parse import urlparse, urlunparse
 
 import pytest
-
 from observatory.bench.harness import PlatformProcess
 
 
@@ -59,19 +58,23 @@ def start_platform(extra_env: dict | None = None, grpc: bool = True, data_dir: s
     if database:
         env["DATABASE_URL"] = database[1]
     process = PlatformProcess(data_dir=data_dir, extra_env=env, grpc=grpc)
-    process.manage("migrate", "-v0")
-    keys = {name: process.manage("create_ingest_key", "--project", name) for name in ("alpha", "beta")}
-    tokens = {
-        "alice": process.manage("create_api_token", "--user", "alice", "--role", "viewer", "--project", "alpha"),
-        "bob": process.manage("create_api_token", "--user", "bob", "--role", "viewer", "--project", "beta"),
-    }
-    process.start()
 
     def cleanup():
         process.stop()
         if database:
             _drop_database(database[0], database[1])
 
+    try:
+        process.manage("migrate", "-v0")
+        keys = {name: process.manage("create_ingest_key", "--project", name) for name in ("alpha", "beta")}
+        tokens = {
+            "alice": process.manage("create_api_token", "--user", "alice", "--role", "viewer", "--project", "alpha"),
+            "bob": process.manage("create_api_token", "--user", "bob", "--role", "viewer", "--project", "beta"),
+        }
+        process.start()
+    except BaseException:
+        cleanup()
+        raise
     return LivePlatform(process, keys, tokens), cleanup
 
 

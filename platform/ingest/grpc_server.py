@@ -12,7 +12,6 @@ import grpc
 from django.db import close_old_connections
 from google.protobuf import any_pb2, duration_pb2
 from google.rpc import error_details_pb2, status_pb2
-
 from tenancy.keys import bearer_token, resolve_ingest_key
 
 from .service import IngestService
@@ -60,6 +59,6 @@ def build_server(service: IngestService, bind: str, *, max_workers: int = 8) -> 
     server.add_generic_rpc_handlers((handler,))
     port = server.add_insecure_port(bind)
     if port == 0:
-        raise OSError(f"cannot listen for OTLP/gRPC on {bind}")
+        raise OSError(f"cannot listen for OTLP/gRPC on {bind}: address already in use or not permitted")
     server.bound_port = port
     return server

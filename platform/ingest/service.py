@@ -10,9 +10,9 @@ import json
 
 from google.rpc import status_pb2
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
+from tenancy.keys import IngestIdentity
 
 from collectors.registry import normalise_span
-from tenancy.keys import IngestIdentity
 
 from . import metrics
 from .limits import MalformedPayload, PayloadTooLarge, UnsupportedEncoding, decompress
@@ -115,9 +115,9 @@ class IngestService:
         for reason, count in decoded.rejected.items():
             metrics.SPANS_REJECTED.labels(protocol, reason).inc(count)
         if decoded.spans:
-            record = build_record(identity, decoded)
+            record, memo = build_record(identity, decoded)
             try:
-                self.spool.append(record)
+                self.spool.append(record, memo)
             except SpoolFull:
                 return ExportOutcome(503, message="ingest spool is full; retry later", retry_after=self.retry_after)
             metrics.SPANS_ACCEPTED.labels(protocol).inc(len(decoded.spans))
@@ -125,12 +125,15 @@ class IngestService:
         return ExportOutcome(200, accepted=len(decoded.spans), rejected=decoded.rejected_count, message=decoded.message())
 
 
-def build_record(identity: IngestIdentity, decoded: Decoded) -> tuple:
+def build_record(identity: IngestIdentity, decoded: Decoded) -> tuple[tuple, tuple]:
+    """The spool record, and an in-memory memo `(calls, edges, retention_days)` the request builder can
+    use instead of reading these spans back from ClickHouse."""
     project_id = identity.project_id
     retention = identity.retention_days
     span_rows = []
     call_rows = []
-    trace_ids = set()
+    calls = []
+    edges = []
     for span, dropped in zip(decoded.spans, decoded.dropped):
         call = normalise_span(span)
         if call is None:
@@ -138,8 +141,10 @@ def build_record(identity: IngestIdentity, decoded: Decoded) -> tuple:
         else:
             span_rows.append(span_row(project_id, retention, span, dropped, call.convention))
             call_rows.append(call_row(project_id, retention, call))
-        trace_ids.add(span.trace_id)
+            calls.append(call)
+        edges.append((span.trace_id, span.span_id, span.parent_span_id))
     if decoded.truncated:
         metrics.ATTRIBUTES_TRUNCATED.inc(decoded.truncated)
-    return (project_id, sorted(trace_ids), encode_rows(span_rows), encode_rows(call_rows), len(span_rows),
-            len(call_rows))
+    trace_ids = sorted({edge[0] for edge in edges})
+    record = (project_id, trace_ids, encode_rows(span_rows), encode_rows(call_rows), len(span_rows), len(call_rows))
+    return record, (calls, edges, retention)

@@ -112,8 +112,10 @@ class Spool:
         return self._checkpoint
 
     # -- producer side -------------------------------------------------------------------------
-    def append(self, record: Any) -> Position:
-        """Write one record durably; returns once it is on disk (fsync shared with concurrent appends)."""
+    def append(self, record: Any, memo: Any = None) -> Position:
+        """Write one record durably; returns once it is on disk (fsync shared with concurrent appends).
+
+        `memo` is kept in memory only (never written) for the consumer: see memo()."""
         payload = pickle.dumps(record, protocol=pickle.HIGHEST_PROTOCOL)
         if len(payload) >= _MAX_FRAME:
             raise ValueError("record too large for the spool")
@@ -130,7 +132,7 @@ class Spool:
             self._pending_bytes += len(frame)
             self._written_seq += 1
             my_seq = self._written_seq
-            self._remember(position, record, len(frame))
+            self._remember(position, record, memo, len(frame))
         self._sync(my_seq)
         with self._new_data:
             self._new_data.notify_all()
@@ -164,11 +166,16 @@ class Spool:
         finally:
             os.close(fd)
 
-    def _remember(self, position: Position, record: Any, size: int) -> None:
+    def _remember(self, position: Position, record: Any, memo: Any, size: int) -> None:
         if self._cache_bytes + size > self._cache_limit:
             return  # the consumer will read this one back from disk
-        self._cache[position] = (record, size)
+        self._cache[position] = (record, size, memo)
         self._cache_bytes += size
+
+    def memo(self, position: Position) -> Any:
+        """The in-memory memo given with the record at `position`, if it is still cached (else None)."""
+        cached = self._cache.get(position)
+        return cached[2] if cached is not None else None
 
     # -- consumer side -------------------------------------------------------------------------
     def wait_for_data(self, timeout: float) -> None:

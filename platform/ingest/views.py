@@ -2,7 +2,6 @@
 from django.http import HttpRequest, HttpResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_http_methods
-
 from observatory.runtime import get_runtime
 from tenancy.keys import bearer_token, resolve_ingest_key
 

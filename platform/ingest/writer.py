@@ -19,7 +19,7 @@ log = logging.getLogger(__name__)
 
 class SpanWriter(threading.Thread):
     def __init__(self, spool: Spool, store: ClickHouseStore, *, batch_spans: int, max_delay: float,
-                 on_written: Callable[[list[tuple]], None] | None = None):
+                 on_written: Callable[[list[tuple[tuple, tuple | None]]], None] | None = None):
         super().__init__(name="span-writer", daemon=True)
         self.spool = spool
         self.store = store
@@ -55,7 +55,7 @@ class SpanWriter(threading.Thread):
                 self._write(records)
                 # Report before committing: after a crash in between, the replay reports again.
                 if self.on_written is not None:
-                    self.on_written([r for _, r in records])
+                    self.on_written([(r, self.spool.memo(position)) for position, r in records])
                 self.spool.commit(next_position)
                 self.position = next_position
                 metrics.SPOOL_PENDING_BYTES.set(self.spool.pending_bytes)

@@ -4,6 +4,15 @@ _NUM = {"type": ["number", "null"]}
 _TAIL = {"type": "object", "properties": {"p50": _NUM, "p95": _NUM, "p99": _NUM}}
 _COMPONENT = {"type": "object", "properties": {"p50": _NUM, "p95": _NUM}}
 _ERROR = {"description": "error", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
+# Every error the API answers, always a JSON object with "error".
+_ERRORS = {
+    "400": {**_ERROR, "description": "invalid parameters, or the token reads several projects and no ?project= was given"},
+    "401": {**_ERROR, "description": "missing or invalid API token"},
+    "403": {**_ERROR, "description": "the token has no project"},
+    "404": {**_ERROR, "description": "no such project for this token"},
+    "405": {**_ERROR, "description": "method other than GET or HEAD"},
+    "503": {**_ERROR, "description": "the trace store is unavailable (Retry-After)"},
+}
 _PROJECT = {
     "name": "project", "in": "query", "required": False, "schema": {"type": "string"},
     "description": "Project name; required when the token can read several projects.",
@@ -73,7 +82,7 @@ OPENAPI = {
                         "type": "object",
                         "properties": {"requests": {"type": "array", "items": {"$ref": "#/components/schemas/Request"}}},
                     }}}},
-                    "400": _ERROR, "401": _ERROR, "404": _ERROR, "503": _ERROR,
+                    **_ERRORS,
                 },
             }
         },
@@ -101,11 +110,15 @@ OPENAPI = {
                         "properties": {
                             "since": {"type": "string"}, "until": {"type": "string"},
                             "group_by": {"type": "array", "items": {"type": "string"}},
-                            "quantiles": {"type": "object"},
+                            "filters": {"type": "object", "additionalProperties": {"type": "string"},
+                                        "description": "the filters applied (model, service, engine_config, "
+                                                       "prompt_bucket)"},
+                            "quantiles": {"type": "object", "properties": {
+                                "method": {"enum": ["exact", "t-digest"]}, "error": {"type": "string"}}},
                             "groups": {"type": "array", "items": {"$ref": "#/components/schemas/SummaryGroup"}},
                         },
                     }}}},
-                    "400": _ERROR, "401": _ERROR, "404": _ERROR, "503": _ERROR,
+                    **_ERRORS,
                 },
             }
         },

@@ -12,7 +12,6 @@ import threading
 from pathlib import Path
 
 from django.conf import settings
-
 from ingest.otlp import Limits
 from ingest.service import IngestService
 from ingest.spool import Spool
@@ -75,8 +74,7 @@ class PlatformRuntime:
     def start(self, migrate: bool = True) -> None:
         if migrate:
             try:
-                for name in ch_migrate.apply(self.store, log=log.info):
-                    log.info("applied ClickHouse migration %s", name)
+                ch_migrate.apply(self.store, log=log.info)
                 recovered = self.builder.recover(_project_ids())
                 if recovered:
                     log.info("rebuilding %d traces ingested before the last stop", recovered)
@@ -107,7 +105,6 @@ class PlatformRuntime:
 
 def _project_ids() -> list[int]:
     from django.db import close_old_connections
-
     from tenancy.models import Project
 
     close_old_connections()

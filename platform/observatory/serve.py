@@ -6,14 +6,17 @@ import signal
 import threading
 
 from django.conf import settings
-from waitress.server import create_server
-
 from ingest.grpc_server import build_server
+from waitress.server import create_server
 
 from .runtime import PlatformRuntime, set_runtime
 from .wsgi import application
 
 log = logging.getLogger(__name__)
+
+
+class _Shutdown(Exception):
+    """Raised in the main thread by the signal handler to leave waitress's loop."""
 
 
 class PlatformServer:
@@ -61,6 +64,8 @@ class PlatformServer:
     def serve_forever(self) -> None:
         try:
             self.http.run()
+        except (_Shutdown, KeyboardInterrupt):
+            log.info("shutting down")
         finally:
             self.stop()
 
@@ -79,9 +84,12 @@ class PlatformServer:
             self.runtime.stop()
 
     def install_signal_handlers(self) -> None:
+        """SIGTERM/SIGINT leave the serving loop in the main thread; stop() then drains and closes in order."""
+
         def handle(signum, frame):
-            log.info("signal %s: shutting down", signum)
-            threading.Thread(target=self.stop, daemon=True).start()
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            raise _Shutdown(f"signal {signum}")
 
         signal.signal(signal.SIGTERM, handle)
         signal.signal(signal.SIGINT, handle)

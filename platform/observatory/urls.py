@@ -1,6 +1,5 @@
 from django.contrib import admin
 from django.urls import path, re_path
-
 from ingest.views import otlp_traces
 from traces.api import latency_summary_view, not_found_view, requests_view
 

@@ -1,9 +1,8 @@
 """Process-level endpoints: health, readiness, Prometheus metrics and the OpenAPI document."""
 from django.http import HttpResponse, JsonResponse
 from django.views.decorators.http import require_GET
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-
 from ingest import metrics
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from traces.store import get_store
 
 from .openapi import OPENAPI

@@ -8,7 +8,6 @@ import re
 
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
-
 from tenancy.keys import ApiIdentity, bearer_token, resolve_api_token
 
 from . import queries

@@ -9,11 +9,12 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import defaultdict
+from collections import OrderedDict, defaultdict
 from pathlib import Path
 
-from collectors.base import LLMCall, Role
 from ingest.rows import JSON_INSERT_SETTINGS, encode_rows
+
+from collectors.base import LLMCall, Role
 
 from .decomposition import RequestRecord, decompose_trace
 from .rollups import record_touches
@@ -81,24 +82,83 @@ def tombstone_row(project_id: int, trace_id: str, request_key: str, start_us: in
             None, None, None, None, None, None, None, None, [], "", version, 1, 1]
 
 
-def rebuild_traces(store: ClickHouseStore, project_id: int, trace_ids: list[str]) -> int:
+class TraceMemory:
+    """LLM calls and parent links of recently written traces, so a rebuild need not read them back.
+
+    It is only trusted for a trace when ClickHouse holds exactly as many distinct spans of
+    that trace as the memory does (spans from before a restart, or written by another
+    ingest process, make the counts differ and the trace is read from ClickHouse).
+    """
+
+    def __init__(self, max_traces: int = 50_000):
+        self.max_traces = max_traces
+        self._traces: OrderedDict[tuple[int, str], tuple[dict[str, LLMCall], dict[str, str], int]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def add(self, project_id: int, retention_days: int, calls: list[LLMCall], edges: list[tuple[str, str, str]]) -> None:
+        with self._lock:
+            traces = self._traces
+            for trace_id, span_id, parent in edges:
+                key = (project_id, trace_id)
+                entry = traces.get(key)
+                if entry is None:
+                    entry = traces[key] = ({}, {}, retention_days)
+                else:
+                    traces.move_to_end(key)
+                entry[1][span_id] = parent
+            for call in calls:
+                entry = traces.get((project_id, call.trace_id))
+                if entry is not None:
+                    entry[0][call.span_id] = call
+            while len(traces) > self.max_traces:
+                traces.popitem(last=False)
+
+    def get(self, project_id: int, trace_id: str):
+        with self._lock:
+            return self._traces.get((project_id, trace_id))
+
+
+def rebuild_traces(store: ClickHouseStore, project_id: int, trace_ids: list[str], memory: TraceMemory | None = None) -> int:
     """Decompose these traces again from what is stored; returns the number of request rows written."""
     written = 0
     for start in range(0, len(trace_ids), _CHUNK):
         chunk = trace_ids[start : start + _CHUNK]
-        written += _rebuild_chunk(store, project_id, chunk)
+        written += _rebuild_chunk(store, project_id, chunk, memory)
     return written
 
 
-def _rebuild_chunk(store: ClickHouseStore, project_id: int, trace_ids: list[str]) -> int:
+def _from_memory(store: ClickHouseStore, project_id: int, trace_ids: list[str], memory: TraceMemory | None):
+    """The traces whose memory entry is complete: {trace_id: (calls, parents, retention_days)}."""
+    if memory is None:
+        return {}
+    entries = {t: e for t in trace_ids if (e := memory.get(project_id, t)) is not None}
+    if not entries:
+        return {}
+    stored = store.query_json(
+        f"SELECT trace_id, uniqExact(span_id) FROM {store.table('spans')} "
+        "WHERE project_id = {project_id:UInt32} AND trace_id IN {traces:Array(String)} GROUP BY trace_id",
+        project_id=project_id, parameters={"traces": sorted(entries)},
+    )
+    return {t: entries[t] for t, count in stored if count == len(entries[t][1])}
+
+
+def _rebuild_chunk(store: ClickHouseStore, project_id: int, trace_ids: list[str], memory: TraceMemory | None = None) -> int:
     params = {"traces": trace_ids}
     calls_by_trace: dict[str, list[LLMCall]] = defaultdict(list)
     retention: dict[str, int] = {}
+    parents_by_trace: dict[str, dict[str, str]] = defaultdict(dict)
+    remembered = _from_memory(store, project_id, trace_ids, memory)
+    for trace_id, (calls, parents, days) in remembered.items():
+        if calls:
+            calls_by_trace[trace_id] = list(calls.values())
+            parents_by_trace[trace_id] = parents
+            retention[trace_id] = days
+    to_read = [t for t in trace_ids if t not in remembered]
     for row in store.query_json(
         f"SELECT {_CALL_FIELDS} FROM {store.table('llm_calls')} FINAL "
         "WHERE project_id = {project_id:UInt32} AND trace_id IN {traces:Array(String)}",
-        project_id=project_id, parameters=params,
-    ):
+        project_id=project_id, parameters={"traces": to_read},
+    ) if to_read else ():
         call, days = _call_from_row(row)
         calls_by_trace[call.trace_id].append(call)
         retention[call.trace_id] = max(retention.get(call.trace_id, 0), days)
@@ -110,12 +170,12 @@ def _rebuild_chunk(store: ClickHouseStore, project_id: int, trace_ids: list[str]
     ):
         previous[trace_id].append((key, start_us))
     with_calls = sorted(calls_by_trace)
-    parents_by_trace: dict[str, dict[str, str]] = defaultdict(dict)
-    if with_calls:
+    read_edges = [t for t in with_calls if t not in remembered]
+    if read_edges:
         for trace_id, span_id, parent in store.query_json(
             f"SELECT trace_id, span_id, parent_span_id FROM {store.table('spans')} "
             "WHERE project_id = {project_id:UInt32} AND trace_id IN {traces:Array(String)}",
-            project_id=project_id, parameters={"traces": with_calls},
+            project_id=project_id, parameters={"traces": read_edges},
         ):
             parents_by_trace[trace_id][span_id] = parent
     version = time.time_ns()
@@ -154,15 +214,20 @@ class RequestBuilder(threading.Thread):
         self.interval = interval
         self.state_path = Path(state_dir) / "decomposed_until"
         self._dirty: dict[int, set[str]] = defaultdict(set)
+        self.memory = TraceMemory()
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stop_event = threading.Event()
         self._busy = False
 
-    # called by the writer after each successful insert
-    def mark_written(self, records: list[tuple]) -> None:
+    # called by the writer after each successful insert, with each record's in-memory memo (or None)
+    def mark_written(self, items: list[tuple[tuple, tuple | None]]) -> None:
+        for record, memo in items:
+            if memo is not None:
+                calls, edges, retention_days = memo
+                self.memory.add(record[0], retention_days, calls, edges)
         with self._lock:
-            for record in records:
+            for record, _memo in items:
                 self._dirty[record[0]].update(record[1])
 
     def mark_dirty(self, project_id: int, trace_ids) -> None:
@@ -240,7 +305,7 @@ class RequestBuilder(threading.Thread):
         try:
             for project_id, traces in dirty.items():
                 if traces:
-                    rebuild_traces(self.store, project_id, sorted(traces))
+                    rebuild_traces(self.store, project_id, sorted(traces), self.memory)
                     done += len(traces)
         except BaseException:
             with self._lock:  # put the unfinished work back

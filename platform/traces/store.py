@@ -1,7 +1,6 @@
 """The one module that talks to ClickHouse: chdb in-process (embedded) or a server over HTTP, with tenant-checked queries."""
 from __future__ import annotations
 
-import json
 import logging
 import re
 import threading
@@ -10,6 +9,7 @@ from typing import Any
 from urllib.parse import parse_qsl, unquote, urlparse
 
 import clickhouse_connect
+import orjson
 from clickhouse_connect.driver.exceptions import ClickHouseError
 
 log = logging.getLogger(__name__)
@@ -192,7 +192,7 @@ class ClickHouseStore:
                                                         "output_format_json_quote_denormals": 0}))
         if not raw:
             return []
-        return [json.loads(line) for line in raw.splitlines() if line]
+        return [orjson.loads(line) for line in raw.splitlines() if line]
 
     def close(self) -> None:
         if self._chdb_client is not None:

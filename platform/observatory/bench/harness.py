@@ -48,7 +48,18 @@ class PlatformProcess:
         token = self.manage("create_api_token", "--user", "bench", "--role", "viewer")
         return key, token
 
-    def start(self, timeout: float = 60) -> None:
+    def start(self, timeout: float = 60, attempts: int = 3) -> None:
+        """Start and wait for /readyz; if a port picked by free_port() was taken meanwhile, retry with new ones."""
+        for attempt in range(attempts):
+            try:
+                return self._start_once(timeout)
+            except RuntimeError as exc:
+                if "address already in use" not in str(exc).lower() or attempt == attempts - 1:
+                    raise
+                self.port = free_port()
+                self.grpc_port = free_port() if self.grpc_port else None
+
+    def _start_once(self, timeout: float) -> None:
         grpc_args = ["--grpc", f"127.0.0.1:{self.grpc_port}"] if self.grpc_port else ["--no-grpc"]
         Path(self.data_dir).mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "ab")

@@ -1,7 +1,6 @@
 """Daily rollups merged from clean hourly rollups, so long ranges merge ~24× fewer t-digest states."""
 from traces.ch_schema import RenderContext, Table
 
-
 blocking = False
 
 ROLLUP_METRICS = ("e2e_ms", "ttft_ms", "tpot_ms", "network_ms", "overhead_ms", "queue_ms", "prefill_ms", "decode_ms")
