@@ -14,6 +14,7 @@ import timeit
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
 
 import collectors_samples as samples  # noqa: E402
+
 from collectors.base import SPAN_KIND_CLIENT, SPAN_KIND_SERVER  # noqa: E402
 from collectors.registry import normalise_span  # noqa: E402
 

@@ -1,7 +1,6 @@
 """Fixtures for the collector tests; the span shapes themselves live in collectors_samples.py."""
-import pytest
-
 import collectors_samples
+import pytest
 
 
 @pytest.fixture

@@ -1,12 +1,11 @@
 """The registry hands each span to exactly the convention that owns it; no span is claimed twice."""
 import pytest
+from collectors_samples import catalogue
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from collectors import registry
 from collectors.base import SPAN_KIND_CLIENT, SPAN_KIND_INTERNAL, SPAN_KIND_SERVER, SpanEvent, SpanView
-
-from collectors_samples import catalogue
 
 SAMPLES = catalogue()
 

@@ -7,9 +7,9 @@ import random
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from traces.decomposition import Hop, RequestRecord, decompose_trace, prompt_bucket
 
 from collectors.base import LLMCall, Role
-from traces.decomposition import Hop, RequestRecord, decompose_trace, prompt_bucket
 
 TRACE = "0af7651916cd43dd8448eb211c80319c"
 MS = 1_000_000
