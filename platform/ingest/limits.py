@@ -32,23 +32,30 @@ def decompress(body: bytes, encoding: str | None, limit: int) -> bytes:
         wbits = zlib.MAX_WBITS
     else:
         raise UnsupportedEncoding(f"unsupported Content-Encoding {encoding!r} (use gzip)")
-    inflater = zlib.decompressobj(wbits)
     out = bytearray()
     data = body
     try:
-        while data:
-            # max_length bounds each step, so a bomb never expands past limit + one chunk.
-            chunk = inflater.decompress(data, _CHUNK)
-            out += chunk
-            if len(out) > limit:
-                raise PayloadTooLarge(f"decompressed body exceeds the limit of {limit} bytes")
-            data = inflater.unconsumed_tail
-            if inflater.eof:
-                break
-        if not inflater.eof:
-            out += inflater.flush()
+        # A gzip body may hold several members one after another (as `gzip.decompress` reads it);
+        # the limit applies to their sum.
+        while True:
+            inflater = zlib.decompressobj(wbits)
+            while data:
+                # max_length bounds each step, so a bomb never expands past limit + one chunk.
+                out += inflater.decompress(data, _CHUNK)
+                if len(out) > limit:
+                    raise PayloadTooLarge(f"decompressed body exceeds the limit of {limit} bytes")
+                data = inflater.unconsumed_tail
+                if inflater.eof:
+                    break
             if not inflater.eof:
-                raise MalformedPayload("truncated gzip stream")
+                out += inflater.flush()
+                if not inflater.eof:
+                    raise MalformedPayload(f"truncated {encoding} stream")
+            data = inflater.unused_data
+            if not data:
+                break
+            if encoding != "gzip" or data[:2] != b"\x1f\x8b":
+                raise MalformedPayload(f"unexpected data after the end of the {encoding} stream")
     except zlib.error as exc:
         raise MalformedPayload(f"invalid {encoding} stream: {exc}") from exc
     if len(out) > limit:

@@ -18,8 +18,13 @@ log = logging.getLogger(__name__)
 
 
 class SpanWriter(threading.Thread):
+    # A batch that ClickHouse refuses as a whole is retried this many times (it is more likely a
+    # problem of the store than of every record in it) before records are dead-lettered one by one.
+    SYSTEMIC_RETRIES = 5
+
     def __init__(self, spool: Spool, store: ClickHouseStore, *, batch_spans: int, max_delay: float,
-                 on_written: Callable[[list[tuple[tuple, tuple | None]]], None] | None = None):
+                 on_written: Callable[[list[tuple[tuple, tuple | None]]], None] | None = None,
+                 schema=None):
         super().__init__(name="span-writer", daemon=True)
         self.spool = spool
         self.store = store
@@ -30,6 +35,8 @@ class SpanWriter(threading.Thread):
         self._idle = threading.Event()
         self.position = spool.checkpoint
         self.deadletter_dir = Path(spool.dir) / "deadletter"
+        self.schema = schema  # a traces.ch_migrate.SchemaGate, or None when the caller migrates
+        self._refusals = 0
 
     def stop(self) -> None:
         self._stop_event.set()
@@ -52,6 +59,8 @@ class SpanWriter(threading.Thread):
                 records, next_position = self._collect()
                 if not records:
                     continue
+                if self.schema is not None:
+                    self.schema.ensure()
                 self._write(records)
                 # Report before committing: after a crash in between, the replay reports again.
                 if self.on_written is not None:
@@ -100,18 +109,28 @@ class SpanWriter(threading.Thread):
     def _write(self, records) -> None:
         try:
             self._insert(records)
+            self._refusals = 0
+            return
         except StoreUnavailable:
             raise
         except Exception:
-            # ClickHouse refused the data itself: find the bad record(s) so the rest goes through.
             log.exception("ClickHouse refused a batch of %d records; inserting one by one", len(records))
-            for item in records:
-                try:
-                    self._insert([item])
-                except StoreUnavailable:
-                    raise
-                except Exception as exc:
-                    self._deadletter(item, exc)
+        failures = []
+        for item in records:
+            try:
+                self._insert([item])
+            except StoreUnavailable:
+                raise
+            except Exception as exc:
+                failures.append((item, exc))
+        if failures and len(failures) == len(records) and self._refusals < self.SYSTEMIC_RETRIES:
+            # Every record refused: more likely the store (schema, disk, limits) than the data.
+            self._refusals += 1
+            raise StoreUnavailable(f"ClickHouse refused every record of the batch: {failures[0][1]}")
+        self._refusals = 0
+        # Only what ClickHouse refuses on its own is set aside; the rest went through above.
+        for item, exc in failures:
+            self._deadletter(item, exc)
 
     def _deadletter(self, item, exc: Exception) -> None:
         position, record = item

@@ -55,31 +55,39 @@ class PlatformRuntime:
             max_decompressed_bytes=ingest["MAX_DECOMPRESSED_BYTES"],
             retry_after=ingest["RETRY_AFTER_SECONDS"],
         )
-        self.builder = RequestBuilder(self.store, interval=ingest["DECOMPOSE_INTERVAL_SECONDS"], state_dir=self.spool_dir)
+        self.schema = ch_migrate.SchemaGate(self.store, log=log.info)
+        self.builder = RequestBuilder(
+            self.store,
+            interval=ingest["DECOMPOSE_INTERVAL_SECONDS"],
+            state_dir=self.spool_dir,
+            schema=self.schema,
+            project_ids=_project_ids,
+        )
         self.writer = SpanWriter(
             self.spool,
             self.store,
             batch_spans=ingest["WRITER_BATCH_SPANS"],
             max_delay=ingest["WRITER_MAX_DELAY_SECONDS"],
             on_written=self.builder.mark_written,
+            schema=self.schema,
         )
         self.rollups = RollupBuilder(
             self.store,
             interval=ingest["ROLLUP_INTERVAL_SECONDS"],
             settle_seconds=ingest["ROLLUP_SETTLE_SECONDS"],
             project_ids=_project_ids,
+            schema=self.schema,
         )
         self.started = False
 
     def start(self, migrate: bool = True) -> None:
         if migrate:
             try:
-                ch_migrate.apply(self.store, log=log.info)
-                recovered = self.builder.recover(_project_ids())
-                if recovered:
-                    log.info("rebuilding %d traces ingested before the last stop", recovered)
+                self.schema.ensure()
             except Exception as exc:  # ClickHouse away at start: ingest still works into the spool
                 log.warning("ClickHouse not ready at start (%s); spooling until it is", exc)
+        else:
+            self.schema.ready = True
         self.writer.start()
         self.builder.start()
         self.rollups.start()

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import threading
 import pkgutil
 import re
 from types import ModuleType
@@ -108,3 +109,26 @@ def apply(store: ClickHouseStore, package: str = PACKAGE, log=print) -> list[str
         )
         done.append(migration.name)
     return done
+
+
+class SchemaGate:
+    """Applies pending migrations once ClickHouse answers; everything that writes waits behind it.
+
+    The platform must accept data while ClickHouse is away (it goes to the spool), so a
+    failure at start is not fatal: the first writer to find the store up migrates it.
+    """
+
+    def __init__(self, store: ClickHouseStore, log=print):
+        self.store = store
+        self.log = log
+        self.ready = False
+        self._lock = threading.Lock()
+
+    def ensure(self) -> None:
+        """Return once the schema is current; raises StoreUnavailable while ClickHouse is away."""
+        if self.ready:
+            return
+        with self._lock:
+            if not self.ready:
+                apply(self.store, log=self.log)
+                self.ready = True

@@ -208,13 +208,17 @@ class RequestBuilder(threading.Thread):
     `ingested_at`) has been rebuilt, so after a crash `recover` rebuilds the rest.
     """
 
-    def __init__(self, store: ClickHouseStore, *, interval: float, state_dir: str | Path):
+    def __init__(self, store: ClickHouseStore, *, interval: float, state_dir: str | Path, schema=None,
+                 project_ids=None):
         super().__init__(name="request-builder", daemon=True)
         self.store = store
         self.interval = interval
         self.state_path = Path(state_dir) / "decomposed_until"
         self._dirty: dict[int, set[str]] = defaultdict(set)
         self.memory = TraceMemory()
+        self.schema = schema  # SchemaGate: migrations first
+        self.project_ids = project_ids  # callable: projects to recover after a restart
+        self.recovered = project_ids is None
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stop_event = threading.Event()
@@ -241,10 +245,9 @@ class RequestBuilder(threading.Thread):
             return None
 
     def recover(self, project_ids: list[int]) -> int:
-        """Mark for rebuilding the traces whose LLM calls were stored after the last completed rebuild."""
-        since = self.watermark_ms()
-        if since is None:
-            return 0
+        """Mark for rebuilding the traces whose LLM calls were stored after the last completed rebuild
+        (all of them when no rebuild ever completed)."""
+        since = self.watermark_ms() or 5000
         count = 0
         for project_id in project_ids:
             rows = self.store.query(
@@ -257,9 +260,9 @@ class RequestBuilder(threading.Thread):
         return count
 
     def pending_traces(self) -> int:
-        """Traces waiting to be (re)decomposed, counting a cycle in progress."""
+        """Traces waiting to be (re)decomposed, counting a cycle in progress and a recovery not yet done."""
         with self._lock:
-            return sum(len(t) for t in self._dirty.values()) + (1 if self._busy else 0)
+            return sum(len(t) for t in self._dirty.values()) + (1 if self._busy else 0) + (0 if self.recovered else 1)
 
     def stop(self) -> None:
         self._stop_event.set()
@@ -276,18 +279,34 @@ class RequestBuilder(threading.Thread):
             time.sleep(0.01)
         return False
 
+    def _prepare(self) -> None:
+        """Schema first, then (once) the traces the last process left undecomposed — before any cycle
+        can move the watermark past them."""
+        if self.schema is not None:
+            self.schema.ensure()
+        if not self.recovered:
+            count = self.recover(self.project_ids())
+            if count:
+                log.info("rebuilding %d traces ingested before the last stop", count)
+            self.recovered = True
+
     def run(self) -> None:
         backoff = 0.5
+        first = True
         while not self._stop_event.is_set():
-            self._wake.wait(self.interval)
-            self._wake.clear()
+            if not first:
+                self._wake.wait(self.interval)
+                self._wake.clear()
+            first = False
             try:
+                self._prepare()
                 self.cycle()
                 backoff = 0.5
             except StoreUnavailable as exc:
                 log.warning("request builder: ClickHouse unavailable (%s); retrying", exc)
                 self._stop_event.wait(backoff)
                 backoff = min(backoff * 2, 10.0)
+                first = True  # retry without waiting a whole interval
             except Exception:
                 log.exception("request builder cycle failed; retrying")
                 self._stop_event.wait(backoff)

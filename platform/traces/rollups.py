@@ -168,12 +168,13 @@ def clean_hours(store: ClickHouseStore, project_id: int, first: dt.datetime, end
 class RollupBuilder(threading.Thread):
     """Rebuilds the rollups of closed hours that changed, every `interval` seconds, for every project."""
 
-    def __init__(self, store: ClickHouseStore, *, interval: float, settle_seconds: float, project_ids):
+    def __init__(self, store: ClickHouseStore, *, interval: float, settle_seconds: float, project_ids, schema=None):
         super().__init__(name="rollup-builder", daemon=True)
         self.store = store
         self.interval = interval
         self.settle_seconds = settle_seconds
         self.project_ids = project_ids  # callable returning the current project ids
+        self.schema = schema
         self._stop_event = threading.Event()
 
     def stop(self) -> None:
@@ -182,6 +183,8 @@ class RollupBuilder(threading.Thread):
     def run(self) -> None:
         while not self._stop_event.wait(self.interval):
             try:
+                if self.schema is not None:
+                    self.schema.ensure()
                 for project_id in self.project_ids():
                     build_dirty_hours(self.store, project_id, self.settle_seconds)
             except StoreUnavailable as exc:

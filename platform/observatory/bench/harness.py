@@ -27,7 +27,7 @@ class PlatformProcess:
     def __init__(self, data_dir: str | None = None, extra_env: dict | None = None, grpc: bool = False):
         self._tmp = None if data_dir else tempfile.TemporaryDirectory(prefix="observatory-")
         self.data_dir = data_dir or self._tmp.name
-        self.env = {**os.environ, "OBSERVATORY_DATA_DIR": self.data_dir, "LOG_LEVEL": "WARNING", **(extra_env or {})}
+        self.env = {**os.environ, "OBSERVATORY_DATA_DIR": self.data_dir, "LOG_LEVEL": os.environ.get("OBSERVATORY_TEST_LOG_LEVEL", "WARNING"), **(extra_env or {})}
         self.port = free_port()
         self.grpc_port = free_port() if grpc else None
         self.proc = None
