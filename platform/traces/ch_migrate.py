@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-import threading
 import pkgutil
 import re
+import threading
 from types import ModuleType
 
 from .ch_schema import RenderContext, Table
