@@ -445,9 +445,12 @@ def decode_json(data: bytes, limits: Limits, now_ns: int | None = None) -> Decod
             raise MalformedPayload("scopeSpans must be a list")
         resource_obj = _get(resource_spans, "resource", "resource", {})
         try:
-            if _has_bad_text(resource_obj):
-                raise ValueError("bad UTF-8")
-            resource = _json_attributes(resource_obj.get("attributes") if isinstance(resource_obj, dict) else None, trimmer)
+            bad_resource = _has_bad_text(resource_obj)
+        except RecursionError:
+            raise MalformedPayload("resource nested too deeply") from None
+        try:
+            resource = None if bad_resource else _json_attributes(
+                resource_obj.get("attributes") if isinstance(resource_obj, dict) else None, trimmer)
         except (ValueError, TypeError, AttributeError):
             resource = None
         for scope_spans in scope_list:
@@ -459,7 +462,11 @@ def decode_json(data: bytes, limits: Limits, now_ns: int | None = None) -> Decod
             scope = _get(scope_spans, "scope", "scope", {})
             scope_name = scope.get("name", "") if isinstance(scope, dict) else ""
             scope_version = scope.get("version", "") if isinstance(scope, dict) else ""
-            if resource is None or not isinstance(scope_name, str) or not isinstance(scope_version, str) or _has_bad_text(scope):
+            try:
+                bad_scope = _has_bad_text(scope)
+            except RecursionError:
+                raise MalformedPayload("scope nested too deeply") from None
+            if resource is None or not isinstance(scope_name, str) or not isinstance(scope_version, str) or bad_scope:
                 out.rejected["invalid UTF-8 or malformed resource/scope"] += len(spans)
                 continue
             for span in spans:
@@ -473,7 +480,12 @@ def _json_span(span, resource, scope_name, scope_version, limits: Limits, now_ns
     if not isinstance(span, dict):
         out.rejected["malformed span"] += 1
         return
-    if _has_bad_text(span):
+    try:
+        bad_text = _has_bad_text(span)
+    except RecursionError:
+        out.rejected["malformed span (nested too deeply)"] += 1
+        return
+    if bad_text:
         out.rejected["invalid UTF-8 or malformed span"] += 1
         return
     try:
@@ -528,7 +540,7 @@ def _json_span(span, resource, scope_name, scope_version, limits: Limits, now_ns
             if not isinstance(link, dict):
                 raise ValueError("bad link")
             links.append((_json_id(_get(link, "traceId", "trace_id"), 16), _json_id(_get(link, "spanId", "span_id"), 8)))
-    except (ValueError, TypeError, AttributeError, OverflowError):
+    except (ValueError, TypeError, AttributeError, OverflowError, RecursionError):
         trimmer.dropped = before
         out.rejected["malformed span"] += 1
         return

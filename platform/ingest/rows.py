@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from typing import Any
 
 import orjson
@@ -43,8 +44,13 @@ _encode = json.JSONEncoder(allow_nan=False, separators=(",", ":")).encode
 
 
 def ns_text(ns: int) -> str:
-    """Nanoseconds since the epoch as the 'seconds.fraction' text ClickHouse reads into DateTime64(9)."""
-    return f"{ns // 1_000_000_000}.{ns % 1_000_000_000:09d}"
+    """Nanoseconds since the epoch as text ClickHouse reads into DateTime64(9) unambiguously."""
+    if ns >= 1_000_000_000_000_000_000:
+        return f"{ns // 1_000_000_000}.{ns % 1_000_000_000:09d}"
+    # Fewer than 10 digits of seconds (before 2001-09-09, e.g. an unset event time 0) would be read
+    # as a date; spell those out.
+    seconds, fraction = divmod(max(ns, 0), 1_000_000_000)
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(seconds)) + f".{fraction:09d}"
 
 
 def span_row(project_id: int, retention_days: int, span: SpanView, dropped: int, convention: str) -> list:

@@ -42,7 +42,9 @@ class PlatformServer:
             host=host.strip("[]") or "127.0.0.1",
             port=int(port),
             threads=settings.HTTP_THREADS,
-            max_request_body_size=settings.INGEST["MAX_BODY_BYTES"] + 1,
+            # Bodies a little over the ingest limit reach the view, which answers 413 with an OTLP
+            # Status body; waitress itself cuts off (plain 413) only far beyond it.
+            max_request_body_size=max(2 * settings.INGEST["MAX_BODY_BYTES"], settings.INGEST["MAX_BODY_BYTES"] + (4 << 20)),
             channel_timeout=60,
             # Waitress reads bodies on its one I/O thread; with 8 KiB reads a 1 MB OTLP batch needs
             # ~128 GIL hand-offs while decoding threads run. Read big chunks and keep typical batches
