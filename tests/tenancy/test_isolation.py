@@ -5,10 +5,13 @@ The first half runs against a live platform (real HTTP, real gRPC); the second h
 commands and the ORM directly (pytest-django `db`)."""
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import io
 import json
+import os
 import subprocess
+import time
 import urllib.error
 import urllib.request
 import uuid
@@ -18,12 +21,15 @@ import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
 from otlp_payloads import (
+    CLIENT,
+    MS,
     api,
     engine_span,
     export_protobuf,
     grpc_auth,
     grpc_export_raw,
     pb_request,
+    pb_span,
     post_traces,
     requests_of,
     vllm_resource,
@@ -58,6 +64,58 @@ def test_ingest_key_writes_only_into_its_project(live_platform, traces):
     assert requests_of(live_platform, traces["beta"], alice) == []
     # naming the project explicitly changes nothing
     assert len(requests_of(live_platform, traces["alpha"], alice, project="alpha")) == 1
+
+
+def test_same_trace_and_span_ids_in_two_projects_stay_apart(live_platform):
+    """Trace and span ids are chosen by clients, so another tenant can send the very same ids (by accident or
+    on purpose): each project keeps its own spans, its own request row and its own figures, and a span of one
+    project never joins a chain in the other."""
+    trace_id, client_id, engine_id = os.urandom(16), os.urandom(8), os.urandom(8)
+    now = time.time_ns() - 3_000 * MS
+    client = pb_span(trace_id, client_id, name="chat", kind=CLIENT, start_ns=now, end_ns=now + 700 * MS,
+                     attributes={"gen_ai.operation.name": "chat", "gen_ai.request.model": "m"})
+    export_protobuf(live_platform, pb_request(({"service.name": "alpha-app"}, [client])), live_platform.keys["alpha"])
+    for project, e2e in (("alpha", 0.5), ("beta", 0.25)):
+        engine = engine_span(trace_id=trace_id, span_id=engine_id, parent=client_id, start_ns=now + 50 * MS,
+                             e2e_s=e2e, decode_s=e2e / 2, model=f"{project}-model")
+        export_protobuf(live_platform, pb_request((vllm_resource(f"{project}-vllm"), [engine])),
+                        live_platform.keys[project])
+    live_platform.process.wait_idle()
+
+    [alpha] = requests_of(live_platform, trace_id.hex(), live_platform.tokens["alice"])
+    [beta] = requests_of(live_platform, trace_id.hex(), live_platform.tokens["bob"])
+    assert (alpha["model"], beta["model"]) == ("alpha-model", "beta-model")
+    assert [h["role"] for h in alpha["hops"]] == ["client", "engine"]
+    assert alpha["e2e_ms"] == pytest.approx(700.0, abs=0.001)
+    assert alpha["network_ms"] == pytest.approx(200.0, abs=0.001)
+    # beta's engine span names a parent that only exists in alpha: beta sees an engine-only request
+    assert [h["role"] for h in beta["hops"]] == ["engine"]
+    assert beta["e2e_ms"] == pytest.approx(250.0, abs=0.001)
+    assert beta["network_ms"] is None and beta["service"] == "beta-vllm"
+
+
+def test_summary_over_rollups_stays_per_project(fresh_platform_factory):
+    """Long ranges are answered from hourly/daily rollups merged with raw rows: the merge, too, must only
+    ever see the reader's project, and count what the exact (raw-rows-only) summary counts."""
+    platform = fresh_platform_factory(extra_env={"ROLLUP_INTERVAL_SECONDS": "0.2", "ROLLUP_SETTLE_SECONDS": "0"})
+    model = "rollup-model"
+    now = time.time_ns()
+    starts = [now - 50 * 3600 * 10**9, now - 3 * 3600 * 10**9, now - 3 * 3600 * 10**9 + 600 * 10**9, now - 10**10]
+    for project, e2e in (("alpha", 0.1), ("beta", 0.3)):
+        spans = [engine_span(model=model, start_ns=start, e2e_s=e2e, decode_s=e2e / 2) for start in starts]
+        export_protobuf(platform, pb_request((vllm_resource(), spans)), platform.keys[project])
+    platform.process.wait_idle()
+    time.sleep(2)  # several rollup rounds: the closed hours and the closed day are rolled up by now
+    since = (dt.datetime.now(dt.timezone.utc) - dt.timedelta(days=3)).isoformat().replace("+00:00", "Z")
+    for token, e2e in (("alice", 100.0), ("bob", 300.0)):
+        for exact in ("0", "1"):
+            status, body = api(platform, f"/api/v1/latency/summary?group_by=model&since={since}&exact={exact}",
+                               platform.tokens[token])
+            assert status == 200, body
+            [group] = body["groups"]
+            assert group["count"] == len(starts), (token, exact, group)
+            assert group["e2e_ms"]["p50"] == pytest.approx(e2e, abs=0.001), (token, exact)
+            assert group["e2e_ms"]["p99"] == pytest.approx(e2e, abs=0.001), (token, exact)
 
 
 @pytest.mark.parametrize("path", ["/api/v1/requests?trace_id={trace}&project={project}",
@@ -217,6 +275,8 @@ def test_create_ingest_key_wants_a_slug(db, name):
 
 
 def test_create_api_token_roles_and_projects(db):
+    from django.contrib.auth import get_user_model
+
     from tenancy.keys import resolve_api_token
     from tenancy.models import ApiToken, Membership
 
@@ -248,6 +308,11 @@ def test_create_api_token_roles_and_projects(db):
     with pytest.raises(CommandError, match="no project"):
         run("create_api_token", "--user", "vera", "--project", "delta")
     assert ApiToken.objects.filter(user__username="vera").count() == 2
+    # a typo in a project name leaves nothing behind: no user, no membership in the projects before it
+    with pytest.raises(CommandError, match="no project"):
+        run("create_api_token", "--user", "zed", "--project", "alpha", "--project", "alhpa")
+    assert not get_user_model().objects.filter(username="zed").exists()
+    assert not Membership.objects.filter(user__username="zed").exists()
 
 
 def test_token_role_caps_the_membership_role(db):

@@ -1,6 +1,7 @@
 """`manage.py create_api_token --user NAME [--role viewer|operator|admin] [--project NAME]`: print a new API token."""
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
+from django.db import transaction
 
 from tenancy.models import ApiToken, Membership, Project, Role
 
@@ -18,20 +19,18 @@ class Command(BaseCommand):
         parser.add_argument("--name", default="")
 
     def handle(self, *args, user, role, project, name, **options):
-        User = get_user_model()
-        account, _ = User.objects.get_or_create(username=user)
-        if project:
-            projects = []
-            for project_name in project:
-                try:
-                    projects.append(Project.objects.get(name=project_name))
-                except Project.DoesNotExist:
-                    raise CommandError(f"no project named {project_name!r}") from None
-        elif not Membership.objects.filter(user=account).exists():
-            projects = list(Project.objects.all())
-        else:
-            projects = []
-        for proj in projects:
-            Membership.objects.update_or_create(user=account, project=proj, defaults={"role": role})
-        _, raw = ApiToken.issue(account, role=role, name=name)
+        # Every project is checked before anything is written: a typo must not leave a user behind.
+        projects = []
+        for project_name in project:
+            try:
+                projects.append(Project.objects.get(name=project_name))
+            except Project.DoesNotExist:
+                raise CommandError(f"no project named {project_name!r}") from None
+        with transaction.atomic():
+            account, _ = get_user_model().objects.get_or_create(username=user)
+            if not project and not Membership.objects.filter(user=account).exists():
+                projects = list(Project.objects.all())
+            for proj in projects:
+                Membership.objects.update_or_create(user=account, project=proj, defaults={"role": role})
+            _, raw = ApiToken.issue(account, role=role, name=name)
         self.stdout.write(raw)
