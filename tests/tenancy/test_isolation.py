@@ -276,7 +276,6 @@ def test_create_ingest_key_wants_a_slug(db, name):
 
 def test_create_api_token_roles_and_projects(db):
     from django.contrib.auth import get_user_model
-
     from tenancy.keys import resolve_api_token
     from tenancy.models import ApiToken, Membership
 
