@@ -31,7 +31,7 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser):
-        parser.add_argument("prefix_or_key", help="the key's display prefix (lok_XXXXXXXX) or the full key")
+        parser.add_argument("prefix_or_key", help="the key's display prefix (the first 12 characters, lok_…) or the full key")
 
     def handle(self, *args, prefix_or_key, **options):
         key = find_ingest_key(prefix_or_key)
