@@ -138,39 +138,17 @@ class ClickHouseStore:
 
     def query(self, sql: str, *, project_id: int, parameters: dict[str, Any] | None = None) -> list[tuple]:
         """A query on tenant data. The SQL must filter on `{project_id:UInt32}`; values go as parameters."""
-        if "{project_id:UInt32}" not in sql:
-            raise TenantFilterMissing("tenant queries must filter on project_id = {project_id:UInt32}")
-        params = dict(parameters or {})
-        params["project_id"] = int(project_id)
+        params = _tenant_parameters(sql, project_id, parameters)
         return self._run(lambda c: c.query(sql, parameters=params).result_rows)
 
     def tenant_command(self, sql: str, *, project_id: int, parameters: dict[str, Any] | None = None) -> Any:
         """A statement on tenant data that returns no rows (INSERT … SELECT); same tenant rule as query()."""
-        if "{project_id:UInt32}" not in sql:
-            raise TenantFilterMissing("tenant statements must filter on project_id = {project_id:UInt32}")
-        params = dict(parameters or {})
-        params["project_id"] = int(project_id)
+        params = _tenant_parameters(sql, project_id, parameters)
         return self._run(lambda c: c.command(sql, parameters=params))
-
-    def query_columns(self, sql: str, *, project_id: int, parameters: dict[str, Any] | None = None):
-        """Like query(), returning (column_names, rows)."""
-        if "{project_id:UInt32}" not in sql:
-            raise TenantFilterMissing("tenant queries must filter on project_id = {project_id:UInt32}")
-        params = dict(parameters or {})
-        params["project_id"] = int(project_id)
-        result = self._run(lambda c: c.query(sql, parameters=params))
-        return list(result.column_names), result.result_rows
 
     def system_query(self, sql: str, parameters: dict[str, Any] | None = None) -> list[tuple]:
         """Queries on our own bookkeeping tables (migration state, sizes); never on tenant rows."""
         return self._run(lambda c: c.query(sql, parameters=parameters).result_rows)
-
-    def insert(self, table: str, rows: Sequence[Sequence[Any]], column_names: Sequence[str]) -> None:
-        if not rows:
-            return
-        target = f"{self.database}.{table}"
-        identifier(table)
-        self._run(lambda c: c.insert(target, rows, column_names=list(column_names)))
 
     def insert_encoded(self, table: str, column_names: Sequence[str], data: bytes, fmt: str,
                        settings: dict[str, Any] | None = None) -> None:
@@ -183,10 +161,7 @@ class ClickHouseStore:
 
     def query_json(self, sql: str, *, project_id: int, parameters: dict[str, Any] | None = None) -> list[list]:
         """Like query(), decoding the rows with the C JSON parser: much faster for large results."""
-        if "{project_id:UInt32}" not in sql:
-            raise TenantFilterMissing("tenant queries must filter on project_id = {project_id:UInt32}")
-        params = dict(parameters or {})
-        params["project_id"] = int(project_id)
+        params = _tenant_parameters(sql, project_id, parameters)
         raw = self._run(lambda c: c.raw_query(sql, parameters=params, fmt="JSONCompactEachRow",
                                               settings={"output_format_json_quote_64bit_integers": 0,
                                                         "output_format_json_quote_denormals": 0}))
@@ -202,6 +177,16 @@ class ClickHouseStore:
                 finally:
                     self._chdb_client = None
         self._drop_client()
+
+
+def _tenant_parameters(sql: str, project_id: int, parameters: dict[str, Any] | None) -> dict[str, Any]:
+    """The query's parameters with the project set last (a caller cannot override it); refuses SQL
+    that does not filter on `{project_id:UInt32}`."""
+    if "{project_id:UInt32}" not in sql:
+        raise TenantFilterMissing("tenant queries must filter on project_id = {project_id:UInt32}")
+    params = dict(parameters or {})
+    params["project_id"] = int(project_id)
+    return params
 
 
 def _is_connection_error(exc: Exception) -> bool:

@@ -430,7 +430,9 @@ def test_tenant_queries_must_filter_on_the_project(make_store):
         store.query(f"SELECT count() FROM {table} WHERE project_id = {{project:UInt32}}", project_id=1,
                     parameters={"project": 1})
     with pytest.raises(TenantFilterMissing):
-        store.query_columns(f"SELECT count() FROM {table} WHERE project_id = 1", project_id=1)
+        store.query_json(f"SELECT count() FROM {table} WHERE project_id = 1", project_id=1)
+    with pytest.raises(TenantFilterMissing):
+        store.tenant_command(f"ALTER TABLE {table} DELETE WHERE project_id = 1", project_id=1)
     with pytest.raises(TenantFilterMissing):
         store.query(f"SELECT count() FROM {table} WHERE project_id = {{project_id:UInt64}}", project_id=1)
 
@@ -447,7 +449,6 @@ def test_tenant_query_sees_only_its_project(make_store):
     sql = f"SELECT trace_id FROM {store.table('llm_requests')} WHERE project_id = {{project_id:UInt32}} ORDER BY trace_id"
     assert store.query(sql, project_id=1) == [("t1",)]
     assert store.query(sql, project_id=2) == [("t2",), ("t3",)]
-    columns, rows = store.query_columns(sql, project_id=2)
-    assert columns == ["trace_id"] and rows == [("t2",), ("t3",)]
+    assert store.query_json(sql, project_id=2) == [["t2"], ["t3"]]
     # The caller cannot override the project through parameters.
     assert store.query(sql, project_id=1, parameters={"project_id": 2}) == [("t1",)]

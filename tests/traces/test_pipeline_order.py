@@ -19,6 +19,7 @@ import uuid
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from observatory.bench.payloads import add_attribute
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from otlp_live_helpers import post_traces, requests_for, to_otlp_json
 
@@ -103,19 +104,6 @@ def span_id_of(salt: str, template: str, key: str) -> str:
     return hashlib.sha256(f"{salt}/{template}/{key}".encode()).hexdigest()[:16]
 
 
-def _set(attributes, key, value):
-    kv = attributes.add()
-    kv.key = key
-    if isinstance(value, bool):
-        kv.value.bool_value = value
-    elif isinstance(value, int):
-        kv.value.int_value = value
-    elif isinstance(value, float):
-        kv.value.double_value = value
-    else:
-        kv.value.string_value = value
-
-
 def _attributes(template: str, spec: SpanSpec) -> list[tuple[str, object]]:
     if spec.role in ("client", "gateway"):
         attrs = [("gen_ai.operation.name", "chat"), ("gen_ai.request.model", MODEL),
@@ -155,7 +143,7 @@ def build_request(items: list[tuple[str, str]], salt: str, base_ns: int = BASE_N
         if scope is None:
             rs = request.resource_spans.add()
             for k, v in (("service.name", service), ("telemetry.sdk.language", "python"), *extra):
-                _set(rs.resource.attributes, k, v)
+                add_attribute(rs.resource.attributes, k, v)
             scope = scopes[spec.role] = rs.scope_spans.add()
             scope.scope.name = scope_name
         span = scope.spans.add()
@@ -173,7 +161,7 @@ def build_request(items: list[tuple[str, str]], salt: str, base_ns: int = BASE_N
         if spec.error:
             span.status.code = 2
         for k, v in _attributes(template, spec):
-            _set(span.attributes, k, v)
+            add_attribute(span.attributes, k, v)
     return request
 
 

@@ -10,8 +10,9 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 MODELS = ("meta-llama/Llama-3.1-8B-Instruct", "meta-llama/Llama-3.1-70B-Instruct", "Qwen/Qwen2.5-32B-Instruct")
 
 
-def _attr(span, key, value):
-    kv = span.attributes.add()
+def add_attribute(attributes, key, value):
+    """Append one OTLP KeyValue, typed like the SDKs type Python values, to a repeated attributes field."""
+    kv = attributes.add()
     kv.key = key
     if isinstance(value, bool):
         kv.value.bool_value = value
@@ -27,7 +28,7 @@ def _resource(request, service, extra=()):
     rs = request.resource_spans.add()
     for key, value in (("service.name", service), ("telemetry.sdk.language", "python"),
                        ("telemetry.sdk.name", "opentelemetry"), ("telemetry.sdk.version", "1.38.0"), *extra):
-        _attr(rs.resource, key, value)
+        add_attribute(rs.resource.attributes, key, value)
     return rs.scope_spans.add()
 
 
@@ -67,7 +68,7 @@ def chain_batch(traces: int, rng: random.Random, base_ns: int | None = None) -> 
                            ("gen_ai.usage.input_tokens", prompt), ("gen_ai.usage.output_tokens", completion),
                            ("gen_ai.response.id", f"chatcmpl-{i}"), ("server.address", "127.0.0.1"),
                            ("server.port", 8100)):
-            _attr(c, key, value)
+            add_attribute(c.attributes, key, value)
 
         g = gateway_scope.spans.add()
         g.trace_id, g.span_id, g.parent_span_id, g.name, g.kind = trace_id, gateway_id, client_id, f"chat {model}", 2
@@ -76,7 +77,7 @@ def chain_batch(traces: int, rng: random.Random, base_ns: int | None = None) -> 
                            ("gen_ai.usage.input_tokens", prompt), ("gen_ai.usage.output_tokens", completion),
                            ("http.request.method", "POST"), ("url.path", "/v1/chat/completions"),
                            ("http.response.status_code", 200)):
-            _attr(g, key, value)
+            add_attribute(g.attributes, key, value)
 
         e = engine_scope.spans.add()
         e.trace_id, e.span_id, e.parent_span_id, e.name, e.kind = trace_id, engine_id, gateway_id, "llm_request", 2
@@ -89,5 +90,5 @@ def chain_batch(traces: int, rng: random.Random, base_ns: int | None = None) -> 
                            ("gen_ai.latency.e2e", engine_e2e), ("gen_ai.latency.time_in_model_prefill", prefill),
                            ("gen_ai.latency.time_in_model_decode", decode),
                            ("gen_ai.latency.time_in_model_inference", prefill + decode)):
-            _attr(e, key, value)
+            add_attribute(e.attributes, key, value)
     return request.SerializeToString(), trace_ids
