@@ -12,12 +12,16 @@ INSTALLED := $(VENV)/.installed
 # The addresses `runplatform` binds (settings.py reads the same variables).
 HTTP_BIND := $(or $(OBSERVATORY_HTTP_BIND),127.0.0.1:8000)
 GRPC_BIND := $(or $(OBSERVATORY_OTLP_GRPC_BIND),127.0.0.1:4317)
+GATEWAY_BIND := $(or $(ENGINE_GATEWAY_BIND),127.0.0.1:8100)
+# Background load `make up` sends through the gateway, requests/s (0: none).
+LOAD ?= 0.5
 
 .DEFAULT_GOAL := help
 .PHONY: help venv install up test bench lint docker-check clean
 
 help:
-	@echo "make up            install, migrate, print an ingest key and an API token, run the platform"
+	@echo "make up            install, migrate, print an ingest key and an API token, run the platform with a"
+	@echo "                   simulated engine fleet behind the gateway and a gentle background load (LOAD=0 for none)"
 	@echo "make test          install (with dev extras) and run every test; PYTEST_ARGS='...' passes through"
 	@echo "make bench         run the benchmarks (lines 'BENCH <name>=<value> <unit>')"
 	@echo "make lint          ruff check"
@@ -47,6 +51,7 @@ up: $(INSTALLED)
 	echo "  OTLP/HTTP            http://$(HTTP_BIND)/v1/traces" && \
 	echo "  OTLP/gRPC            $(GRPC_BIND)" && \
 	echo "  Prometheus metrics   http://$(HTTP_BIND)/metrics" && \
+	echo "  engine gateway       http://$(GATEWAY_BIND)/v1   (OpenAI-compatible; simulated vLLM replicas)" && \
 	echo "  ingest key (project 'default'):    $$key" && \
 	echo "  admin API token (user 'admin'):    $$token" && \
 	echo "" && \
@@ -54,7 +59,7 @@ up: $(INSTALLED)
 	echo "  export OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=http://$(HTTP_BIND)/v1/traces" && \
 	echo "  export OTEL_EXPORTER_OTLP_HEADERS='Authorization=Bearer $$key'" && \
 	echo ""
-	exec $(VENV_PYTHON) manage.py runplatform
+	exec $(VENV_PYTHON) manage.py runplatform --with-engine --load $(LOAD)
 
 test: $(INSTALLED)
 	$(VENV_PYTHON) -m pytest -q $(PYTEST_ARGS)

@@ -1,0 +1,1 @@
+"""Benchmarks of the engine components; each prints its figures as ``BENCH <name>=<value> <unit>`` lines."""

@@ -1,0 +1,895 @@
+"""A simulated vLLM V1 engine core: one scheduler step at a time, on the caller's clock.
+
+``EngineCore.step(now)`` does what one iteration of vLLM's ``EngineCore.step``
+does (``vllm/v1/core/sched/scheduler.py``): schedule the RUNNING requests first
+(a decode asks for 1 token, 1 + k with speculative decoding; a partial prefill
+for the rest of its prompt, capped by ``long_prefill_token_threshold``), each
+allocating KV blocks and, when the pool is exhausted, preempting the last running
+request (the lowest-priority one under ``priority``) by recompute; then, if
+nothing was preempted, admit WAITING requests in FCFS (or priority) order while
+the token budget, ``max_num_seqs`` and the KV pool allow, reusing prefix-cache
+hits and chunking prefills. The step's duration comes from the roofline in
+``cost_model.py`` (plus the proposer's drafting time); the step emits a token
+for every request whose known tokens are all computed.
+
+Nothing here touches a GPU: it is a model, labelled as such wherever its output
+is shown. ``max_num_partial_prefills`` / ``max_long_partial_prefills`` (which
+vLLM V1 refuses unless 1, and recent vLLM removed) are modelled as vLLM V0
+applied them, and only when ``max_num_partial_prefills > 1``.
+
+Speed: a decoding request's step differs from the last only by a longer context,
+so decoding requests are kept as one aggregate (a tick counter, per-residue block
+counts, a heap of finish ticks) and a step visits only the requests that are
+prefilling, newly admitted, finishing or preempted; preemption when the pool runs
+short is reproduced from the tail of the running list without visiting the rest.
+``advance`` runs a whole series of identical decode steps in closed form up to the
+next event. ``SimOptions(fast_path=False)`` turns both off (every request visited
+every step, exactly as the V1 loop reads); tests check that the two agree.
+"""
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from itertools import islice
+
+from engine.config import EngineConfig
+from engine.sim.cost_model import StepCostModel
+from engine.sim.kv_cache import NO_HIT, BlockPool, CacheHit, RequestBlocks, prompt_block_hashes
+from engine.sim.memory import MemoryPlan, SimulationConfigError, plan_memory
+from engine.sim.profiles import HardwareProfile, ModelProfile, hardware_profile, model_profile
+from engine.sim.speculative import LOOKAHEAD_METHODS, AcceptanceSampler, DraftCostModel, acceptance_rates
+
+__all__ = [
+    "EngineCore",
+    "RequestRejected",
+    "SimOptions",
+    "SimRequest",
+    "SimulationConfigError",
+    "StepOutput",
+]
+
+
+class RequestRejected(ValueError):
+    """A request vLLM would refuse (its prompt plus output exceeds max_model_len, bad lengths, duplicate id)."""
+
+
+@dataclass
+class SimRequest:
+    """One request as the simulated engine sees it; the engine fills the timestamps (caller's clock, seconds)."""
+
+    request_id: str
+    prompt_tokens: int  # prompt length
+    output_tokens: int  # tokens to generate (the caller decides; >= 1)
+    arrival_time: float
+    prompt_token_ids: Sequence[int] | None = None  # for prefix-cache hashing; None = a unique prompt
+    priority: int = 0  # lower value = served first under scheduling_policy=priority
+    # Filled by the engine (None until it happens), as vLLM's request events:
+    queued_time: float | None = None  # entered the engine core's waiting queue
+    scheduled_time: float | None = None  # first scheduled (start of that step)
+    first_token_time: float | None = None  # end of the step that sampled the first token
+    last_token_time: float | None = None
+    finished_time: float | None = None
+    num_generated: int = 0
+    num_cached_tokens: int = 0  # prefix-cache hit at first scheduling, in tokens
+    num_preemptions: int = 0
+    finish_reason: str | None = None  # "length" | "abort"
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass
+class StepOutput:
+    """What one engine step (or, from ``advance``, a run of identical decode steps) did."""
+
+    start_time: float
+    duration: float
+    end_time: float
+    new_tokens: dict[str, int] = field(default_factory=dict)  # request_id -> tokens emitted (0 omitted)
+    finished: list[SimRequest] = field(default_factory=list)
+    num_scheduled_tokens: int = 0
+    num_preempted: int = 0
+    num_steps: int = 1
+
+
+@dataclass(frozen=True)
+class SimOptions:
+    """Simulator-only parameters (not vLLM knobs)."""
+
+    # Per-position acceptance rates for speculative decoding (position 1 first), replacing the method's default.
+    acceptance_rates: tuple[float, ...] | None = None
+    # API-server overhead, for the replica and virtual time: a fixed cost per request (HTTP parsing,
+    # validation, response), tokenisation per prompt token before the engine sees the request, and
+    # detokenisation per output token after the last one.
+    api_overhead_seconds: float = 1.0e-3
+    tokenize_seconds_per_token: float = 1.5e-6
+    detokenize_seconds_per_token: float = 2.0e-6
+    # vLLM's --num-gpu-blocks-override: fix the KV pool size instead of planning it from memory.
+    num_gpu_blocks_override: int | None = None
+    # Aggregate decoding requests and allow multi-step runs (see the module docstring).
+    fast_path: bool = True
+    # Keep (inter-token gap, number of requests) samples for ITL percentiles (virtual time turns this on).
+    record_itl: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("api_overhead_seconds", "tokenize_seconds_per_token", "detokenize_seconds_per_token"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+                raise ValueError(f"SimOptions.{name} must be a number >= 0, not {value!r}")
+        override = self.num_gpu_blocks_override
+        if override is not None and (isinstance(override, bool) or not isinstance(override, int) or override < 2):
+            raise ValueError(f"SimOptions.num_gpu_blocks_override must be an integer >= 2, not {override!r}")
+
+    def api_time_before(self, prompt_tokens: int) -> float:
+        """Seconds between a request's arrival and the engine core queueing it (half the fixed cost + tokenising)."""
+        return self.api_overhead_seconds / 2 + self.tokenize_seconds_per_token * prompt_tokens
+
+    def api_time_after(self, output_tokens: int) -> float:
+        """Seconds between the last token and the response completing (half the fixed cost + detokenising)."""
+        return self.api_overhead_seconds / 2 + self.detokenize_seconds_per_token * output_tokens
+
+
+_WAITING, _RUNNING, _FINISHED = 0, 1, 2
+
+
+class _Seq:
+    """The engine's state of one request (vLLM's ``Request``), kept apart from the caller's SimRequest."""
+
+    __slots__ = (
+        "req", "order", "prompt", "output", "computed", "generated", "blocks", "state", "preempted",
+        "agg", "t0", "c0", "g0", "key", "finish_tick", "last_emit", "scheduled", "long",
+    )
+
+    def __init__(self, req: SimRequest, order: int, prompt_hashes: Sequence[int] | None):
+        self.req = req
+        self.order = order
+        self.prompt = req.prompt_tokens
+        self.output = req.output_tokens
+        self.computed = 0
+        self.generated = 0
+        self.blocks = RequestBlocks(order, prompt_hashes)
+        self.state = _WAITING
+        self.preempted = False
+        self.agg = False  # decoding inside the aggregate (computed/generated derived from the tick)
+        self.t0 = self.c0 = self.g0 = self.key = self.finish_tick = 0
+        self.last_emit = 0.0
+        self.scheduled = False
+        self.long = False
+
+    @property
+    def num_tokens(self) -> int:
+        return self.prompt + self.generated
+
+
+class EngineCore:
+    """The simulated engine core of one replica (all its tensor-parallel GPUs)."""
+
+    def __init__(self, config: EngineConfig, *, hardware: HardwareProfile | None = None,
+                 model: ModelProfile | None = None, options: SimOptions | None = None, seed: int = 0):
+        config = config.validate().resolved()
+        self.config = config
+        self.options = options or SimOptions()
+        self.hardware = hardware or hardware_profile(config.gpu_type)
+        self.model = model or model_profile(config.model)
+        self.cost = StepCostModel(
+            self.model, self.hardware, tensor_parallel_size=config.tensor_parallel_size,
+            kv_cache_dtype=config.kv_cache_dtype,
+        )
+        self.memory: MemoryPlan = plan_memory(config, self.model, self.hardware)
+        num_blocks = self.options.num_gpu_blocks_override or self.memory.num_blocks
+        block_size = config.block_size
+        self.block_size = block_size
+        self.max_model_len = config.max_model_len
+        self.max_num_seqs = config.max_num_seqs
+        self.max_num_batched_tokens = config.max_num_batched_tokens
+        if num_blocks - 1 < -(-self.max_model_len // block_size):
+            raise SimulationConfigError(
+                f"the KV cache holds {(num_blocks - 1) * block_size} tokens ({num_blocks - 1} blocks of "
+                f"{block_size}), fewer than one request of max_model_len={self.max_model_len} needs: vLLM refuses "
+                f"to start; lower max_model_len, raise gpu_memory_utilization or tensor_parallel_size"
+            )
+        self.pool = BlockPool(num_blocks, block_size, enable_prefix_caching=config.enable_prefix_caching)
+        self.num_blocks_total = num_blocks
+        self._threshold = config.long_prefill_token_threshold
+        self._partial_gate = config.enable_chunked_prefill and config.max_num_partial_prefills > 1
+        self._priority = config.scheduling_policy == "priority"
+
+        spec = config.speculative_config
+        self.spec_k = spec.num_speculative_tokens if spec else 0
+        self._lookahead = self.spec_k if spec and spec.method in LOOKAHEAD_METHODS else 0
+        self._sampler: AcceptanceSampler | None = None
+        self._drafter: DraftCostModel | None = None
+        if spec is not None:
+            rates = acceptance_rates(spec.method, spec.num_speculative_tokens, self.options.acceptance_rates)
+            self.spec_acceptance_rates = rates
+            self._sampler = AcceptanceSampler(rates, seed)
+            self._drafter = DraftCostModel(
+                spec, self.model, self.hardware, tensor_parallel_size=config.tensor_parallel_size,
+                kv_cache_dtype=config.kv_cache_dtype,
+            )
+        self._aggregate = self.options.fast_path and spec is None
+
+        # Request queues.
+        self._requests: dict[str, _Seq] = {}
+        self._waiting_fcfs: deque[_Seq] = deque()
+        self._waiting_heap: list[tuple[int, float, int, _Seq]] = []
+        self._num_waiting = 0
+        self._running: dict[int, _Seq] = {}  # admission order, like vLLM's running list
+        self._explicit: dict[int, _Seq] = {}  # running requests outside the aggregate
+        self._order = 0
+
+        # The decode aggregate.
+        self._tick = 0
+        self._agg_n = 0
+        self._agg_offset = 0  # sum of (c0 - t0 + 1): the context sum at tick t is offset + n·t
+        self._bucket = [0] * block_size  # members needing a new block when tick % block_size == index
+        self._finish_heap: list[tuple[int, int, _Seq]] = []
+        self._last_step_end: float | None = None
+        self._admitted_last_step = False
+
+        # Counters (vLLM's Prometheus metrics).
+        self.num_preemptions_total = 0
+        self.spec_num_drafts = 0
+        self.spec_num_draft_tokens = 0
+        self.spec_num_accepted_tokens = 0
+        self.spec_num_accepted_tokens_per_pos = [0] * self.spec_k
+        self.prefix_cache_queries = 0
+        self.prefix_cache_hits = 0
+        self.prompt_tokens_total = 0
+        self.generation_tokens_total = 0
+        self.num_requests_finished = 0
+        self.num_steps_total = 0
+        self.busy_seconds_total = 0.0
+        self.itl_samples: list[tuple[float, int]] = []
+
+    # ------------------------------------------------------------------ state
+    @property
+    def num_running(self) -> int:
+        return len(self._running)
+
+    @property
+    def num_waiting(self) -> int:
+        return self._num_waiting
+
+    @property
+    def kv_cache_usage(self) -> float:
+        return self.pool.usage
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self._running) or self._num_waiting > 0
+
+    def get_request(self, request_id: str) -> SimRequest | None:
+        seq = self._requests.get(request_id)
+        return seq.req if seq is not None else None
+
+    # ------------------------------------------------------------------ requests in and out
+    def add_request(self, request: SimRequest, now: float) -> None:
+        """Queue a request (vLLM's ``add_request``); sets ``queued_time = now``."""
+        self._validate(request)
+        hashes = None
+        if request.prompt_token_ids is not None and self.config.enable_prefix_caching:
+            hashes = prompt_block_hashes(request.prompt_token_ids, self.block_size)
+        self._order += 1
+        seq = _Seq(request, self._order, hashes)
+        request.queued_time = now
+        request.num_generated = 0
+        request.finish_reason = None
+        self._requests[request.request_id] = seq
+        self._push_waiting(seq, front=False)
+
+    def _validate(self, request: SimRequest) -> None:
+        if not isinstance(request.request_id, str) or not request.request_id:
+            raise RequestRejected("request_id must be a non-empty string")
+        if request.request_id in self._requests:
+            raise RequestRejected(f"request {request.request_id!r} is already in the engine")
+        for name in ("prompt_tokens", "output_tokens"):
+            value = getattr(request, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise RequestRejected(f"{name} must be an integer >= 1, not {value!r}")
+        if isinstance(request.priority, bool) or not isinstance(request.priority, int):
+            raise RequestRejected(f"priority must be an integer, not {request.priority!r}")
+        total = request.prompt_tokens + request.output_tokens
+        if total > self.max_model_len:
+            raise RequestRejected(
+                f"This model's maximum context length is {self.max_model_len} tokens. However, you requested "
+                f"{total} tokens ({request.prompt_tokens} in the messages, {request.output_tokens} in the "
+                f"completion). Please reduce the length of the messages or completion."
+            )
+        ids = request.prompt_token_ids
+        if ids is not None and len(ids) != request.prompt_tokens:
+            raise RequestRejected(
+                f"prompt_token_ids has {len(ids)} ids but prompt_tokens is {request.prompt_tokens}"
+            )
+
+    def abort_request(self, request_id: str, now: float) -> SimRequest | None:
+        """Abort a waiting or running request (client went away); returns it, or None if unknown/finished."""
+        seq = self._requests.get(request_id)
+        if seq is None or seq.state == _FINISHED:
+            return None
+        if seq.state == _WAITING:
+            self._num_waiting -= 1  # its queue entry is skipped lazily
+            self.pool.release_group(seq.order)
+        else:
+            self._leave_running(seq)
+        self._finish(seq, now, "abort")
+        return seq.req
+
+    # ------------------------------------------------------------------ waiting queue
+    def _push_waiting(self, seq: _Seq, *, front: bool) -> None:
+        seq.state = _WAITING
+        self._num_waiting += 1
+        if self._priority:
+            heapq.heappush(self._waiting_heap, (seq.req.priority, seq.req.arrival_time, seq.order, seq))
+        elif front:
+            self._waiting_fcfs.appendleft(seq)
+        else:
+            self._waiting_fcfs.append(seq)
+
+    def _peek_waiting(self) -> _Seq | None:
+        if self._priority:
+            heap = self._waiting_heap
+            while heap and heap[0][3].state != _WAITING:
+                heapq.heappop(heap)
+            return heap[0][3] if heap else None
+        queue = self._waiting_fcfs
+        while queue and queue[0].state != _WAITING:
+            queue.popleft()
+        return queue[0] if queue else None
+
+    def _pop_waiting(self) -> None:
+        if self._priority:
+            heapq.heappop(self._waiting_heap)
+        else:
+            self._waiting_fcfs.popleft()
+        self._num_waiting -= 1
+
+    # ------------------------------------------------------------------ the decode aggregate
+    def _join(self, seq: _Seq) -> None:
+        tick = self._tick
+        seq.agg = True
+        seq.t0, seq.c0, seq.g0 = tick, seq.computed, seq.generated
+        seq.key = (tick - seq.computed) % self.block_size
+        self._bucket[seq.key] += 1
+        self._agg_n += 1
+        self._agg_offset += seq.computed - tick + 1
+        seq.finish_tick = tick + seq.output - seq.generated
+        heapq.heappush(self._finish_heap, (seq.finish_tick, seq.order, seq))
+        del self._explicit[seq.order]
+
+    def _sync(self, seq: _Seq) -> None:
+        """Materialise an aggregate member's counters at the current tick."""
+        steps = self._tick - seq.t0
+        seq.computed = seq.c0 + steps
+        seq.generated = seq.g0 + steps
+        seq.req.num_generated = seq.generated
+        blocks = -(-seq.computed // self.block_size)
+        if blocks > seq.blocks.num_blocks:
+            seq.blocks.num_blocks = blocks
+
+    def _leave(self, seq: _Seq) -> None:
+        self._sync(seq)
+        seq.agg = False
+        self._bucket[seq.key] -= 1
+        self._agg_n -= 1
+        self._agg_offset -= seq.c0 - seq.t0 + 1
+        self._explicit[seq.order] = seq
+
+    def _dissolve(self) -> None:
+        for seq in list(self._running.values()):
+            if seq.agg:
+                self._leave(seq)
+
+    def _leave_running(self, seq: _Seq) -> None:
+        if seq.agg:
+            self._leave(seq)
+        del self._running[seq.order]
+        self._explicit.pop(seq.order, None)
+
+    # ------------------------------------------------------------------ stepping
+    def step(self, now: float) -> StepOutput:
+        """Schedule one step starting at ``now``, run it, and return what it produced (tokens per request).
+
+        Afterwards every running request's ``num_generated`` is current.
+        """
+        out = self._step(now, collect=True)
+        self.sync_all()
+        return out
+
+    def advance(self, now: float, until: float | None = None, *, collect: bool = True) -> StepOutput:
+        """One step, then as many identical decode-only steps as start before ``until`` with nothing changing.
+
+        A run ends at the first event: a request finishing (its step is the run's last),
+        the KV pool running short, or ``until`` (the next arrival). The result sums the
+        run (``num_steps`` steps); with ``collect=False`` ``new_tokens`` stays empty,
+        which is what makes long runs cheap.
+        """
+        out = self._step(now, collect=collect)
+        if collect:
+            self.sync_all()
+        if (
+            not self._aggregate
+            or out.finished
+            or out.num_preempted
+            or self._explicit
+            or self._agg_n == 0
+            or self._admitted_last_step
+        ):
+            return out
+        steps = self._run_length(out.end_time, until)
+        if steps <= 0:
+            return out
+        run = self._run(out.end_time, steps, collect)
+        out.num_steps += run.num_steps
+        out.end_time = run.end_time
+        out.duration = out.end_time - out.start_time
+        out.num_scheduled_tokens += run.num_scheduled_tokens
+        out.finished.extend(run.finished)
+        if collect:
+            for request_id, count in run.new_tokens.items():
+                out.new_tokens[request_id] = out.new_tokens.get(request_id, 0) + count
+            self.sync_all()
+        return out
+
+    def _step(self, now: float, collect: bool) -> StepOutput:
+        budget = self.max_num_batched_tokens
+        scheduled: list[tuple[_Seq, int]] = []
+        preempted: list[_Seq] = []
+        agg_tokens = 0
+        plan = self._fast_plan(budget) if self._aggregate else None
+        if plan is not None and self._priority and plan[0] > self.pool.num_free:
+            plan = None  # priority preemption picks its victims across the whole running list
+        if plan is not None:
+            need, asks = plan
+            if need > self.pool.num_free:
+                asks = self._preempt_tail(need, asks, preempted)
+            agg_tokens = self._agg_n
+            if agg_tokens:
+                self.pool.take(self._bucket[self._tick % self.block_size])
+            budget -= agg_tokens
+            allocate, slots = self.pool.allocate, self._slots
+            for seq, num_new in asks:
+                if seq.state != _RUNNING or num_new <= 0:
+                    continue
+                ok = allocate(seq.blocks, slots(seq, num_new), num_tokens_to_cache=seq.computed + num_new)
+                assert ok, "the fast path checked the blocks"
+                scheduled.append((seq, num_new))
+                budget -= num_new
+        else:
+            if self._agg_n:
+                self._dissolve()
+            budget = self._schedule_running(budget, scheduled, preempted)
+        self._admitted_last_step = False
+        if not preempted:
+            budget = self._schedule_waiting(now, budget, scheduled)
+        return self._execute(now, scheduled, agg_tokens, preempted, collect)
+
+    def _running_ask(self, seq: _Seq, budget: int) -> int:
+        """Tokens a running request asks for this step (vLLM: num_tokens_with_spec - num_computed_tokens, capped)."""
+        decoding = seq.generated > 0 and seq.computed == seq.num_tokens - 1
+        num_new = seq.num_tokens - seq.computed
+        if decoding:
+            num_new += self.spec_k
+        if 0 < self._threshold < num_new:
+            num_new = self._threshold
+        if num_new > budget:
+            num_new = budget
+        cap = self.max_model_len - 1 - seq.computed
+        return num_new if num_new < cap else cap
+
+    def _slots(self, seq: _Seq, num_new: int) -> int:
+        lookahead = self._lookahead if seq.generated > 0 else 0
+        slots = seq.computed + num_new + lookahead
+        return slots if slots < self.max_model_len else self.max_model_len
+
+    def _fast_plan(self, budget: int) -> tuple[int, list[tuple[_Seq, int]]] | None:
+        """The running loop's outcome without visiting the aggregate, or None when only the exact loop can tell.
+
+        Returns the blocks the running requests need and each explicit request's ask. Decoding
+        members ask for one token each. If the explicit requests (prefills) all come after the
+        members in the running order, vLLM's loop gives them what the budget leaves, in order;
+        otherwise their asks must all fit whole, so that the order does not matter.
+        """
+        members = self._agg_n
+        need = self._bucket[self._tick % self.block_size] if members else 0
+        asks: list[tuple[_Seq, int]] = []
+        explicit = self._explicit
+        if not explicit:
+            return need, asks
+        pool = self.pool
+        count = len(explicit)
+        tail = list(islice(reversed(self._running), count))
+        if all(order in explicit for order in tail):
+            remaining = budget - members
+            for order in reversed(tail):
+                seq = explicit[order]
+                num_new = self._running_ask(seq, remaining) if remaining > 0 else 0
+                if num_new > 0:
+                    need += pool.blocks_needed(seq.blocks, self._slots(seq, num_new))
+                    remaining -= num_new
+                asks.append((seq, num_new))
+            return need, asks
+        total = members
+        for seq in explicit.values():
+            num_new = self._running_ask(seq, budget)
+            full = seq.num_tokens - seq.computed
+            if 0 < self._threshold < full:
+                full = self._threshold
+            if num_new < full:
+                return None  # the budget or max_model_len cuts an ask: the running order matters
+            total += num_new
+            need += pool.blocks_needed(seq.blocks, self._slots(seq, num_new))
+            asks.append((seq, num_new))
+        return (need, asks) if total <= budget else None
+
+    def _preempt_tail(self, need: int, asks: list[tuple[_Seq, int]], preempted: list[_Seq]) -> list[tuple[_Seq, int]]:
+        """Preempt from the end of the running list until the remaining requests' blocks fit.
+
+        This is what vLLM's loop ends with: the first request whose allocation fails pops
+        the last running request, again and again, until it fits (or pops itself); every
+        request before it has been served, and demands only add up, so the victims are
+        exactly the shortest tail whose removal makes the total fit.
+        """
+        pool = self.pool
+        ask_of = {seq.order: num_new for seq, num_new in asks}
+        key = self._tick % self.block_size
+        while need > pool.num_free and self._running:
+            victim = self._running[next(reversed(self._running))]
+            if victim.agg:
+                if victim.key == key:
+                    need -= 1
+                self._leave(victim)
+            else:
+                num_new = ask_of.get(victim.order, 0)
+                if num_new > 0:
+                    need -= pool.blocks_needed(victim.blocks, self._slots(victim, num_new))
+            self._preempt(victim)
+            preempted.append(victim)
+        return asks
+
+    def _schedule_running(self, budget: int, scheduled: list[tuple[_Seq, int]], preempted: list[_Seq]) -> int:
+        """vLLM V1's RUNNING loop, request by request, with preemption by recompute."""
+        running = list(self._running.values())
+        index = 0
+        pool = self.pool
+        while index < len(running) and budget > 0:
+            seq = running[index]
+            num_new = self._running_ask(seq, budget)
+            if num_new <= 0:
+                index += 1
+                continue
+            while not pool.allocate(seq.blocks, self._slots(seq, num_new), num_tokens_to_cache=seq.computed + num_new):
+                if self._priority:
+                    victim = max(running, key=lambda s: (s.req.priority, s.req.arrival_time))
+                    victim_index = running.index(victim)
+                    running.pop(victim_index)
+                    for position, (candidate, count) in enumerate(scheduled):
+                        if candidate is victim:
+                            scheduled.pop(position)
+                            budget += count
+                            index -= 1
+                            break
+                else:
+                    victim = running.pop()
+                self._preempt(victim)
+                preempted.append(victim)
+                if victim is seq:
+                    break
+            if seq.state != _RUNNING:
+                break
+            scheduled.append((seq, num_new))
+            budget -= num_new
+            index += 1
+        return budget
+
+    def _preempt(self, seq: _Seq) -> None:
+        del self._running[seq.order]
+        self._explicit.pop(seq.order, None)
+        self.pool.free(seq.blocks, num_computed=seq.computed, resumable=True)
+        seq.computed = 0
+        seq.preempted = True
+        seq.req.num_preemptions += 1
+        self.num_preemptions_total += 1
+        self._push_waiting(seq, front=True)
+
+    def _schedule_waiting(self, now: float, budget: int, scheduled: list[tuple[_Seq, int]]) -> int:
+        """vLLM V1's WAITING loop: admit in queue order while tokens, sequences and blocks allow."""
+        pool = self.pool
+        skipped: list[_Seq] = []
+        partial = long = 0
+        if self._partial_gate:
+            for seq, num_new in scheduled:
+                if seq.computed + num_new < seq.num_tokens:
+                    partial += 1
+                    long += seq.long
+        while budget > 0 and self._num_waiting:
+            if len(self._running) >= self.max_num_seqs:
+                break
+            seq = self._peek_waiting()
+            num_tokens = seq.num_tokens
+            hit: CacheHit = pool.lookup(seq.blocks, num_tokens) if seq.blocks.prompt_hashes or seq.preempted \
+                else NO_HIT
+            computed = hit.num_blocks * self.block_size
+            num_new = num_tokens - computed
+            if 0 < self._threshold < num_new:
+                num_new = self._threshold
+            if not self.config.enable_chunked_prefill and num_new > budget:
+                break
+            if num_new > budget:
+                num_new = budget
+            if self._partial_gate and computed + num_new < num_tokens:
+                is_long = num_tokens - computed > self._threshold
+                if partial >= self.config.max_num_partial_prefills or (
+                    is_long and long >= self.config.max_long_partial_prefills
+                ):
+                    # V0's concurrent partial prefills: a short prompt may go ahead of a blocked long one.
+                    self._pop_waiting()
+                    seq.state = -1  # hidden from the queue until put back below
+                    skipped.append(seq)
+                    continue
+                partial += 1
+                long += is_long
+                seq.long = is_long
+            slots = computed + num_new
+            if slots > self.max_model_len:
+                slots = self.max_model_len
+            if not pool.allocate(seq.blocks, slots, hit, num_tokens_to_cache=computed + num_new):
+                break
+            self._pop_waiting()
+            seq.state = _RUNNING
+            seq.computed = computed
+            self._running[seq.order] = seq
+            self._explicit[seq.order] = seq
+            if self.config.enable_prefix_caching and not seq.preempted:
+                # vLLM records preempted requests' lookups apart from these two counters.
+                self.prefix_cache_queries += num_tokens
+                self.prefix_cache_hits += computed
+            if not seq.scheduled:
+                seq.scheduled = True
+                seq.req.scheduled_time = now
+                seq.req.num_cached_tokens = computed
+            scheduled.append((seq, num_new))
+            budget -= num_new
+            self._admitted_last_step = True
+        for seq in reversed(skipped):
+            self._push_waiting(seq, front=True)
+        return budget
+
+    # ------------------------------------------------------------------ running the step
+    def _execute(self, now: float, scheduled: list[tuple[_Seq, int]], agg_tokens: int,
+                 preempted: list[_Seq], collect: bool) -> StepOutput:
+        # 1. The target model's forward pass over everything scheduled.
+        num_tokens = agg_tokens
+        num_logits = agg_tokens
+        pairs = 0.0
+        kv_read = 0.0
+        if agg_tokens:
+            pairs = kv_read = float(self._agg_offset + self._agg_n * self._tick)
+        spec_k = self.spec_k
+        for seq, num_new in scheduled:
+            computed = seq.computed
+            num_tokens += num_new
+            num_logits += num_new if spec_k and seq.generated > 0 and computed == seq.num_tokens - 1 else 1
+            pairs += num_new * computed + num_new * (num_new + 1) / 2
+            kv_read += computed + num_new
+        duration = self.cost.pass_time(num_tokens, num_logits, pairs, kv_read)
+
+        # 2. Sampling (and verification of drafts): who emits how many tokens.
+        emitters: list[tuple[_Seq, int]] = []
+        verified = False
+        draft_requests = 0
+        draft_first_pass = 0
+        draft_context = 0.0
+        for seq, num_new in scheduled:
+            decoding = seq.generated > 0 and seq.computed == seq.num_tokens - 1
+            seq.computed += num_new
+            if seq.computed < seq.num_tokens:
+                draft_first_pass += num_new  # a partial prefill chunk: no token yet
+                continue
+            emitted = 1
+            drafts = num_new - 1 if spec_k and decoding else 0
+            if drafts > 0:
+                verified = True
+                accepted = self._sampler.draw(drafts)
+                seq.computed -= drafts - accepted
+                emitted += accepted
+                self.spec_num_drafts += 1
+                self.spec_num_draft_tokens += drafts
+                self.spec_num_accepted_tokens += accepted
+                per_position = self.spec_num_accepted_tokens_per_pos
+                for position in range(accepted):
+                    per_position[position] += 1
+                draft_first_pass += 1 + accepted
+            else:
+                draft_first_pass += num_new
+            remaining = seq.output - seq.generated
+            if emitted > remaining:
+                emitted = remaining
+            emitters.append((seq, emitted))
+            if seq.generated + emitted < seq.output:
+                draft_requests += 1
+                draft_context += seq.computed + 1
+
+        # 3. Verifying drafts costs a fixed extra; the proposer drafts for the next step before this
+        # step's outputs are returned.
+        if verified:
+            duration += self._drafter.verify_overhead
+        if self._drafter is not None and draft_requests:
+            duration += self._drafter.time(draft_requests, draft_first_pass, draft_context)
+        end = now + duration
+        out = StepOutput(start_time=now, duration=duration, end_time=end, num_scheduled_tokens=num_tokens,
+                         num_preempted=len(preempted))
+        new_tokens = out.new_tokens
+        record_itl = self.options.record_itl
+
+        # 4. The aggregate: every member computed one token and sampled the next.
+        if agg_tokens:
+            if collect:
+                for seq in self._running.values():
+                    if seq.agg:
+                        new_tokens[seq.req.request_id] = 1
+            if record_itl:
+                previous = self._last_step_end
+                self.itl_samples.append((end - previous if previous is not None else duration, agg_tokens))
+            self.generation_tokens_total += agg_tokens
+            self._tick += 1
+
+        # 5. Tokens of the requests visited one by one.
+        for seq, emitted in emitters:
+            request = seq.req
+            first = seq.generated == 0
+            seq.generated += emitted
+            request.num_generated = seq.generated
+            self.generation_tokens_total += emitted
+            if first:
+                request.first_token_time = end
+                self.prompt_tokens_total += seq.prompt
+            elif record_itl:
+                self.itl_samples.append((end - seq.last_emit, 1))
+            seq.last_emit = end
+            request.last_token_time = end
+            if collect:
+                new_tokens[request.request_id] = emitted
+            if seq.generated >= seq.output:
+                self._leave_running(seq)
+                self._finish(seq, end, "length")
+                out.finished.append(request)
+
+        # 6. Aggregate members whose last token came in this step.
+        if self._agg_n:
+            self._pop_finished(end, out)
+
+        # 7. Requests now decoding join the aggregate (prefills just completed; after an exact step, all).
+        if self._aggregate and self._explicit:
+            for seq in list(self._explicit.values()):
+                if seq.generated > 0 and seq.computed == seq.num_tokens - 1:
+                    self._join(seq)
+        if num_tokens:
+            self.num_steps_total += 1
+            self.busy_seconds_total += duration
+            self._last_step_end = end
+        return out
+
+    def _pop_finished(self, end: float, out: StepOutput) -> None:
+        heap = self._finish_heap
+        tick = self._tick
+        while heap and heap[0][0] <= tick:
+            finish_tick, _order, seq = heapq.heappop(heap)
+            if not seq.agg or seq.finish_tick != finish_tick or seq.state != _RUNNING:
+                continue  # stale entry: the member left the aggregate since
+            self._leave_running(seq)
+            seq.last_emit = end
+            seq.req.last_token_time = end
+            self._finish(seq, end, "length")
+            out.finished.append(seq.req)
+
+    def _finish(self, seq: _Seq, now: float, reason: str) -> None:
+        if seq.blocks.num_blocks:
+            self.pool.free(seq.blocks)
+        self.pool.release_group(seq.order)
+        seq.state = _FINISHED
+        request = seq.req
+        request.num_generated = seq.generated
+        request.finish_reason = reason
+        request.finished_time = now
+        del self._requests[request.request_id]
+        if reason == "length":
+            self.num_requests_finished += 1
+
+    # ------------------------------------------------------------------ runs of decode steps
+    def _run_length(self, start: float, until: float | None) -> int:
+        """How many decode-only steps can follow from ``start`` before an event changes the batch."""
+        n = self._agg_n
+        tick = self._tick
+        heap = self._finish_heap
+        while heap and (not heap[0][2].agg or heap[0][2].finish_tick != heap[0][0] or heap[0][2].state != _RUNNING):
+            heapq.heappop(heap)
+        if not heap:
+            return 0
+        steps = heap[0][0] - tick  # the finishing step is the run's last
+        # KV blocks: members need one block each per block_size steps, at their residue.
+        free = self.pool.num_free
+        size = self.block_size
+        cycles = free // n
+        if cycles * size < steps:
+            remaining = free - cycles * n
+            used = 0
+            extra = 0
+            bucket = self._bucket
+            while extra < size:
+                need = bucket[(tick + extra) % size]
+                if used + need > remaining:
+                    break
+                used += need
+                extra += 1
+            steps = min(steps, cycles * size + extra)
+        if steps <= 0:
+            return 0
+        if until is not None:
+            context = self._agg_offset + n * tick
+            steps = self.cost.decode_steps_before(n, context, until - start, steps)
+        return steps
+
+    def _run(self, start: float, steps: int, collect: bool) -> StepOutput:
+        """``steps`` decode-only steps of the unchanged aggregate, summed in closed form."""
+        n = self._agg_n
+        tick = self._tick
+        size = self.block_size
+        context = self._agg_offset + n * tick
+        blocks = (steps // size) * n
+        bucket = self._bucket
+        for extra in range(steps % size):
+            blocks += bucket[(tick + extra) % size]
+        self.pool.take(blocks)
+        duration = self.cost.decode_run_time(n, context, steps)
+        if self.options.record_itl:
+            step_time = self.cost.decode_step_time
+            samples = self.itl_samples
+            for index in range(steps):
+                samples.append((step_time(n, context + index * n), n))
+        end = start + duration
+        out = StepOutput(start_time=start, duration=duration, end_time=end, num_scheduled_tokens=n * steps,
+                         num_steps=steps)
+        if collect:
+            for seq in self._running.values():
+                out.new_tokens[seq.req.request_id] = steps
+        self._tick = tick + steps
+        self.generation_tokens_total += n * steps
+        self.num_steps_total += steps
+        self.busy_seconds_total += duration
+        self._last_step_end = end
+        self._pop_finished(end, out)
+        return out
+
+    # ------------------------------------------------------------------ introspection for tests and metrics
+    def sync_all(self) -> None:
+        """Bring every running request's ``num_generated`` up to date (the aggregate keeps them lazily)."""
+        for seq in self._running.values():
+            if seq.agg:
+                self._sync(seq)
+
+    def running_requests(self) -> list[SimRequest]:
+        """Running requests in vLLM's running-list order."""
+        return [seq.req for seq in self._running.values()]
+
+    def waiting_requests(self) -> list[SimRequest]:
+        """Waiting requests in the order they would be scheduled."""
+        if self._priority:
+            entries = sorted(entry for entry in self._waiting_heap if entry[3].state == _WAITING)
+            return [entry[3].req for entry in entries]
+        return [seq.req for seq in self._waiting_fcfs if seq.state == _WAITING]
+
+    def blocks_in_use(self) -> int:
+        return self.pool.num_usable - self.pool.num_free
+
+    def running_block_demand(self) -> int:
+        """Blocks the running requests would take from the free queue if the next step gave each its full ask."""
+        self.sync_all()
+        demand = 0
+        for seq in self._running.values():
+            num_new = self._running_ask(seq, self.max_num_batched_tokens)
+            if num_new > 0:
+                demand += self.pool.blocks_needed(seq.blocks, self._slots(seq, num_new))
+        return demand

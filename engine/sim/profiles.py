@@ -1,0 +1,298 @@
+"""Hardware and model profiles the simulator's roofline runs on: datasheet figures plus fitted efficiencies.
+
+A ``HardwareProfile`` holds what a GPU's datasheet says (memory, dense tensor-core
+FLOP/s, HBM bandwidth, the link used for tensor-parallel all-reduce) and four fitted
+constants (MFU, bandwidth efficiency, fixed per-step overhead, per-layer overhead)
+that ``engine/sim/calibration.py`` fits against published vLLM measurements. A
+``ModelProfile`` holds the architecture numbers from each model's ``config.json``.
+Names match ``engine.config.GPU_TYPES`` and ``engine.config.MODEL_MAX_LEN``.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from engine.config import GPU_MEMORY_GIB
+
+GIB = 1024**3
+
+
+class UnknownProfileError(KeyError):
+    """No profile of that name; the message lists the known ones."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0])
+
+
+@dataclass(frozen=True)
+class HardwareProfile:
+    """One GPU type: datasheet figures (per GPU) and the efficiencies fitted by calibration."""
+
+    name: str
+    memory_bytes: int
+    bf16_flops: float  # dense BF16/FP16 tensor-core FLOP/s (no sparsity)
+    fp8_flops: float | None  # dense FP8 FLOP/s; None when the GPU has no FP8 tensor cores
+    hbm_bandwidth: float  # bytes/s
+    interconnect_bandwidth: float  # bytes/s one way per GPU on the all-reduce link (NVLink or PCIe)
+    interconnect_latency: float  # seconds per all-reduce call (launch + synchronisation)
+    # Fitted constants (see calibration.py):
+    mfu: float  # fraction of peak FLOP/s reached by a step's GEMMs and attention
+    bandwidth_efficiency: float  # fraction of HBM bandwidth reached when streaming weights and KV
+    # How much of the smaller of (compute time, memory time) is not hidden under the larger: 0 = a perfect
+    # roofline, 1 = no overlap. Real steps are a sequence of kernels, each bound by one or the other.
+    serial_fraction: float
+    step_overhead: float  # seconds per engine step outside the GPU kernels (scheduling, sampling, sync)
+    layer_overhead: float  # seconds per transformer layer per forward pass (small kernels, launch gaps)
+
+    @property
+    def memory_gib(self) -> float:
+        return self.memory_bytes / GIB
+
+    def with_constants(self, **changes: float) -> HardwareProfile:
+        """A copy with some fitted constants replaced (used by calibration and what-if studies)."""
+        return dataclasses.replace(self, **changes)
+
+
+@dataclass(frozen=True)
+class ModelProfile:
+    """One model's architecture (from its config.json) and parameter counts."""
+
+    name: str
+    num_layers: int
+    hidden_size: int
+    num_attention_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int  # dense FFN width, or the per-expert width for MoE models
+    vocab_size: int
+    total_params: float
+    active_params: float  # per token (equal to total_params for dense models)
+    num_experts: int = 0  # routed experts per MoE layer (0 = dense)
+    num_active_experts: int = 0  # experts each token is routed to
+    weight_dtype_bytes: int = 2  # BF16 checkpoints
+    tie_word_embeddings: bool = False
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    @property
+    def embedding_params(self) -> float:
+        """Input embedding plus LM head (one matrix when tied)."""
+        return self.vocab_size * self.hidden_size * (1 if self.tie_word_embeddings else 2)
+
+    @property
+    def lm_head_params(self) -> float:
+        return self.vocab_size * self.hidden_size
+
+    @property
+    def attention_params_per_layer(self) -> float:
+        q_out = self.num_attention_heads * self.head_dim
+        kv_out = 2 * self.num_kv_heads * self.head_dim
+        return self.hidden_size * (q_out + kv_out) + q_out * self.hidden_size
+
+    @property
+    def expert_params(self) -> float:
+        """Parameters of one routed expert (gate, up and down projections)."""
+        return 3 * self.hidden_size * self.intermediate_size if self.is_moe else 0.0
+
+    @property
+    def active_body_params(self) -> float:
+        """Per-token parameters of the transformer body (no embedding, no LM head): the linear-layer FLOPs."""
+        return self.active_params - self.embedding_params
+
+    @property
+    def dense_body_params(self) -> float:
+        """Body parameters every token reads (for MoE: attention, norms, router; not the routed experts)."""
+        if not self.is_moe:
+            return self.total_params - self.embedding_params
+        return self.total_params - self.embedding_params - self.num_layers * self.num_experts * self.expert_params
+
+    def kv_bytes_per_token(self, kv_dtype_bytes: int | None = None) -> int:
+        """K and V for one token across all layers (whole model, before tensor-parallel sharding)."""
+        dtype = kv_dtype_bytes if kv_dtype_bytes is not None else self.weight_dtype_bytes
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * dtype
+
+    @property
+    def weight_bytes(self) -> float:
+        return self.total_params * self.weight_dtype_bytes
+
+
+# Datasheet figures: NVIDIA H100 SXM5, H200 SXM, A100 80GB SXM4 and L4 product briefs (dense, no sparsity).
+# NVLink 4 is 900 GB/s bidirectional per GPU (450 GB/s each way); NCCL reaches about 80% of it.
+# Fitted constants (engine/sim/calibration.py, docs/engine-simulator.md): all five are fitted on the H100
+# points; the A100's bandwidth efficiency is fitted on its single-request point and the rest borrowed from
+# the H100; the H200 and L4 have no published point we could use and borrow the H100's values (uncalibrated).
+HARDWARE_PROFILES: dict[str, HardwareProfile] = {
+    "H100": HardwareProfile(
+        name="H100",
+        memory_bytes=GPU_MEMORY_GIB["H100"] * GIB,
+        bf16_flops=989e12,
+        fp8_flops=1979e12,
+        hbm_bandwidth=3.35e12,
+        interconnect_bandwidth=450e9 * 0.8,
+        interconnect_latency=8e-6,
+        mfu=0.42,
+        bandwidth_efficiency=0.80,
+        serial_fraction=0.85,
+        step_overhead=0.75e-3,
+        layer_overhead=15e-6,
+    ),
+    "H200": HardwareProfile(
+        name="H200",
+        memory_bytes=GPU_MEMORY_GIB["H200"] * GIB,
+        bf16_flops=989e12,
+        fp8_flops=1979e12,
+        hbm_bandwidth=4.8e12,
+        interconnect_bandwidth=450e9 * 0.8,
+        interconnect_latency=8e-6,
+        mfu=0.42,
+        bandwidth_efficiency=0.80,
+        serial_fraction=0.85,
+        step_overhead=0.75e-3,
+        layer_overhead=15e-6,
+    ),
+    "A100-80GB": HardwareProfile(
+        name="A100-80GB",
+        memory_bytes=GPU_MEMORY_GIB["A100-80GB"] * GIB,
+        bf16_flops=312e12,
+        fp8_flops=None,
+        hbm_bandwidth=2.039e12,
+        interconnect_bandwidth=300e9 * 0.8,
+        interconnect_latency=10e-6,
+        mfu=0.42,
+        bandwidth_efficiency=0.73,
+        serial_fraction=0.85,
+        step_overhead=0.75e-3,
+        layer_overhead=15e-6,
+    ),
+    "L4": HardwareProfile(
+        name="L4",
+        memory_bytes=GPU_MEMORY_GIB["L4"] * GIB,
+        bf16_flops=121e12,
+        fp8_flops=242e12,
+        hbm_bandwidth=300e9,
+        interconnect_bandwidth=32e9 * 0.7,  # PCIe Gen4 x16, no NVLink
+        interconnect_latency=25e-6,
+        mfu=0.42,
+        bandwidth_efficiency=0.80,
+        serial_fraction=0.85,
+        step_overhead=0.75e-3,
+        layer_overhead=15e-6,
+    ),
+}
+
+# Architectures from each model's config.json on the Hugging Face Hub; parameter counts from the model cards.
+MODEL_PROFILES: dict[str, ModelProfile] = {
+    "meta-llama/Llama-3.1-8B-Instruct": ModelProfile(
+        name="meta-llama/Llama-3.1-8B-Instruct",
+        num_layers=32,
+        hidden_size=4096,
+        num_attention_heads=32,
+        num_kv_heads=8,
+        head_dim=128,
+        intermediate_size=14336,
+        vocab_size=128256,
+        total_params=8.03e9,
+        active_params=8.03e9,
+    ),
+    "meta-llama/Llama-3.1-70B-Instruct": ModelProfile(
+        name="meta-llama/Llama-3.1-70B-Instruct",
+        num_layers=80,
+        hidden_size=8192,
+        num_attention_heads=64,
+        num_kv_heads=8,
+        head_dim=128,
+        intermediate_size=28672,
+        vocab_size=128256,
+        total_params=70.6e9,
+        active_params=70.6e9,
+    ),
+    "Qwen/Qwen3-30B-A3B": ModelProfile(
+        name="Qwen/Qwen3-30B-A3B",
+        num_layers=48,
+        hidden_size=2048,
+        num_attention_heads=32,
+        num_kv_heads=4,
+        head_dim=128,
+        intermediate_size=768,  # moe_intermediate_size
+        vocab_size=151936,
+        total_params=30.5e9,
+        active_params=3.3e9,
+        num_experts=128,
+        num_active_experts=8,
+    ),
+    "Qwen/Qwen2.5-7B-Instruct": ModelProfile(
+        name="Qwen/Qwen2.5-7B-Instruct",
+        num_layers=28,
+        hidden_size=3584,
+        num_attention_heads=28,
+        num_kv_heads=4,
+        head_dim=128,
+        intermediate_size=18944,
+        vocab_size=152064,
+        total_params=7.62e9,
+        active_params=7.62e9,
+    ),
+}
+
+# Small models used as separate draft models (speculative_config method draft_model); not served on their own.
+DRAFT_MODEL_PROFILES: dict[str, ModelProfile] = {
+    "meta-llama/Llama-3.2-1B-Instruct": ModelProfile(
+        name="meta-llama/Llama-3.2-1B-Instruct",
+        num_layers=16,
+        hidden_size=2048,
+        num_attention_heads=32,
+        num_kv_heads=8,
+        head_dim=64,
+        intermediate_size=8192,
+        vocab_size=128256,
+        total_params=1.24e9,
+        active_params=1.24e9,
+        tie_word_embeddings=True,
+    ),
+    "Qwen/Qwen2.5-0.5B-Instruct": ModelProfile(
+        name="Qwen/Qwen2.5-0.5B-Instruct",
+        num_layers=24,
+        hidden_size=896,
+        num_attention_heads=14,
+        num_kv_heads=2,
+        head_dim=64,
+        intermediate_size=4864,
+        vocab_size=151936,
+        total_params=0.49e9,
+        active_params=0.49e9,
+        tie_word_embeddings=True,
+    ),
+}
+DEFAULT_DRAFT_MODEL = "meta-llama/Llama-3.2-1B-Instruct"
+
+
+def hardware_profile(name: str) -> HardwareProfile:
+    """The profile of a GPU type named as in ``engine.config.GPU_TYPES``."""
+    try:
+        return HARDWARE_PROFILES[name]
+    except (KeyError, TypeError):
+        raise UnknownProfileError(
+            f"no hardware profile for GPU type {name!r}; known: {', '.join(HARDWARE_PROFILES)}"
+        ) from None
+
+
+def model_profile(name: str) -> ModelProfile:
+    """The profile of a served model named by its Hugging Face id (as in ``engine.config.MODEL_MAX_LEN``)."""
+    try:
+        return MODEL_PROFILES[name]
+    except (KeyError, TypeError):
+        raise UnknownProfileError(
+            f"no model profile for {name!r}; the simulator knows: {', '.join(MODEL_PROFILES)}"
+        ) from None
+
+
+def draft_model_profile(name: str | None) -> ModelProfile:
+    """The profile of a draft model; an unknown name falls back to a 1B Llama-class draft (documented)."""
+    if name in DRAFT_MODEL_PROFILES:
+        return DRAFT_MODEL_PROFILES[name]
+    if name in MODEL_PROFILES:
+        return MODEL_PROFILES[name]
+    return DRAFT_MODEL_PROFILES[DEFAULT_DRAFT_MODEL]
+

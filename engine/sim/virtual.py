@@ -1,0 +1,270 @@
+"""Virtual time: run a whole workload through the simulated engine as fast as the CPU allows, no sleeping.
+
+``simulate(config, requests)`` feeds each request to an ``EngineCore`` when it
+reaches the engine (its arrival plus the API server's tokenisation time), steps the
+engine back to back while it has work, jumps the clock to the next arrival when it
+is idle, and lets the core run whole series of identical decode steps at once up
+to the next arrival. The summary uses the definitions of vLLM's
+``benchmark_serving.py`` (milliseconds): TTFT = first token − arrival, TPOT =
+(e2e − TTFT) / (output − 1) for outputs longer than one token, ITL = every gap
+between consecutive tokens of a request, E2EL = response complete − arrival; and
+the engine-side split of vLLM's ``llm_request`` span (queue, prefill, decode).
+Every result is labelled ``simulated``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from engine.config import EngineConfig
+from engine.sim.core import EngineCore, RequestRejected, SimOptions, SimRequest
+from engine.sim.profiles import HardwareProfile, ModelProfile
+
+PERCENTILES = (50, 90, 99)
+
+
+@dataclasses.dataclass(frozen=True)
+class LatencyStats:
+    """Mean and percentiles of one latency, in milliseconds (NaN when there is no sample)."""
+
+    mean: float
+    p50: float
+    p90: float
+    p99: float
+    count: int
+
+    @classmethod
+    def of(cls, values: Sequence[float]) -> LatencyStats:
+        if not values:
+            nan = math.nan
+            return cls(nan, nan, nan, nan, 0)
+        ordered = sorted(values)
+        return cls(
+            mean=sum(ordered) / len(ordered),
+            p50=percentile(ordered, 50),
+            p90=percentile(ordered, 90),
+            p99=percentile(ordered, 99),
+            count=len(ordered),
+        )
+
+    @classmethod
+    def of_weighted(cls, samples: Sequence[tuple[float, int]]) -> LatencyStats:
+        """Stats of a multiset given as (value, multiplicity) pairs."""
+        pairs = sorted((value, weight) for value, weight in samples if weight > 0)
+        total = sum(weight for _value, weight in pairs)
+        if not total:
+            return cls.of(())
+        mean = sum(value * weight for value, weight in pairs) / total
+        return cls(mean, _weighted_percentile(pairs, total, 50), _weighted_percentile(pairs, total, 90),
+                   _weighted_percentile(pairs, total, 99), total)
+
+    def to_dict(self) -> dict[str, float]:
+        return {"mean": self.mean, "p50": self.p50, "p90": self.p90, "p99": self.p99, "count": self.count}
+
+
+def percentile(ordered: Sequence[float], p: float) -> float:
+    """Linear-interpolation percentile of sorted values (numpy's default, which vLLM's benchmark uses)."""
+    if not ordered:
+        return math.nan
+    rank = (len(ordered) - 1) * p / 100.0
+    low = math.floor(rank)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def _weighted_percentile(pairs: Sequence[tuple[float, int]], total: int, p: float) -> float:
+    # The same interpolation as ``percentile`` on the expanded multiset, without expanding it.
+    rank = (total - 1) * p / 100.0
+    low_index = math.floor(rank)
+    fraction = rank - low_index
+    seen = 0
+    low_value = None
+    for value, weight in pairs:
+        if low_value is None and low_index < seen + weight:
+            low_value = value
+            if low_index + 1 < seen + weight or fraction == 0:
+                return value
+        elif low_value is not None:
+            return low_value + (value - low_value) * fraction
+        seen += weight
+    return pairs[-1][0] if low_value is None else low_value
+
+
+@dataclasses.dataclass(frozen=True)
+class SimulationSummary:
+    """Aggregate figures of one simulated run (latencies in milliseconds, throughputs per second)."""
+
+    simulated: bool
+    config_version: str
+    gpu_type: str
+    model: str
+    num_requests: int
+    completed: int
+    rejected: int
+    duration_s: float  # first arrival to last response
+    request_throughput: float
+    output_throughput: float
+    total_token_throughput: float
+    ttft_ms: LatencyStats
+    tpot_ms: LatencyStats
+    itl_ms: LatencyStats
+    e2el_ms: LatencyStats
+    mean_queue_ms: float
+    mean_prefill_ms: float
+    mean_decode_ms: float
+    mean_overhead_ms: float
+    num_preemptions: int
+    mean_kv_cache_usage: float  # time-weighted over busy time
+    max_kv_cache_usage: float
+    num_gpu_blocks: int
+    prefix_cache_hit_rate: float
+    spec_acceptance_rate: float | None  # accepted / drafted tokens
+    spec_mean_acceptance_length: float | None  # 1 + accepted per draft, as vLLM reports it
+    num_steps: int
+    busy_fraction: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass
+class SimulationResult:
+    """Per-request outcomes (engine timestamps filled in) and the run's summary."""
+
+    requests: list[SimRequest]
+    rejected: list[tuple[SimRequest, str]]
+    summary: SimulationSummary
+    engine: EngineCore
+    engine_calls: int  # step/advance calls; fewer than summary.num_steps when runs of steps were skipped over
+
+
+def simulate(
+    config: EngineConfig,
+    requests: Iterable[SimRequest],
+    *,
+    hardware: HardwareProfile | None = None,
+    model: ModelProfile | None = None,
+    options: SimOptions | None = None,
+    seed: int = 0,
+    skip: bool = True,
+) -> SimulationResult:
+    """Run ``requests`` (each with its ``arrival_time``) through a fresh simulated engine in virtual time.
+
+    ``skip=False`` steps the engine one step at a time (for checking the event skipping).
+    """
+    options = dataclasses.replace(options or SimOptions(), record_itl=True)
+    engine = EngineCore(config, hardware=hardware, model=model, options=options, seed=seed)
+    entries = sorted(
+        ((request.arrival_time + options.api_time_before(request.prompt_tokens), index, request)
+         for index, request in enumerate(requests)),
+        key=lambda entry: (entry[0], entry[1]),
+    )
+    accepted: list[SimRequest] = []
+    rejected: list[tuple[SimRequest, str]] = []
+    kv_weighted = 0.0
+    kv_max = 0.0
+    busy = 0.0
+    now = entries[0][0] if entries else 0.0
+    position = 0
+    count = len(entries)
+    add, advance, step = engine.add_request, engine.advance, engine.step
+    calls = 0
+    while True:
+        while position < count and entries[position][0] <= now:
+            enter, _index, request = entries[position]
+            position += 1
+            try:
+                add(request, enter)
+            except RequestRejected as exc:
+                rejected.append((request, str(exc)))
+                continue
+            accepted.append(request)
+        if not engine.has_unfinished_requests():
+            if position >= count:
+                break
+            now = entries[position][0]
+            continue
+        until = entries[position][0] if position < count else None
+        out = advance(now, until, collect=False) if skip else step(now)
+        calls += 1
+        if out.num_scheduled_tokens == 0:
+            # Nothing could run (every waiting request blocked): only a new arrival can change that.
+            if position >= count:
+                raise RuntimeError("the simulated engine is stuck: requests wait but nothing can be scheduled")
+            now = max(now, entries[position][0])
+            continue
+        usage = engine.kv_cache_usage
+        kv_weighted += usage * out.duration
+        busy += out.duration
+        if usage > kv_max:
+            kv_max = usage
+        now = out.end_time
+    summary = summarize(engine, accepted, rejected, options, busy=busy, kv_weighted=kv_weighted, kv_max=kv_max)
+    return SimulationResult(requests=accepted, rejected=rejected, summary=summary, engine=engine, engine_calls=calls)
+
+
+def summarize(engine: EngineCore, requests: Sequence[SimRequest], rejected: Sequence[tuple[SimRequest, str]],
+              options: SimOptions, *, busy: float, kv_weighted: float, kv_max: float) -> SimulationSummary:
+    """vLLM-benchmark-style figures for finished requests of a run."""
+    done = [r for r in requests if r.finish_reason == "length"]
+    ttft, tpot, e2el, queue, prefill, decode, overhead = [], [], [], [], [], [], []
+    start = min((r.arrival_time for r in requests), default=0.0)
+    end = start
+    output_tokens = prompt_tokens = 0
+    for request in done:
+        response_end = request.finished_time + options.api_time_after(request.num_generated)
+        end = max(end, response_end)
+        first = request.first_token_time - request.arrival_time
+        total = response_end - request.arrival_time
+        ttft.append(first * 1e3)
+        e2el.append(total * 1e3)
+        if request.num_generated > 1:
+            tpot.append((total - first) / (request.num_generated - 1) * 1e3)
+        queue.append((request.scheduled_time - request.queued_time) * 1e3)
+        prefill.append((request.first_token_time - request.scheduled_time) * 1e3)
+        decode.append((request.last_token_time - request.first_token_time) * 1e3)
+        overhead.append((total - (request.last_token_time - request.queued_time)) * 1e3)
+        output_tokens += request.num_generated
+        prompt_tokens += request.prompt_tokens
+    duration = end - start
+    per_second = (lambda value: value / duration) if duration > 0 else (lambda value: 0.0)
+    drafted = engine.spec_num_draft_tokens
+    config = engine.config
+    return SimulationSummary(
+        simulated=True,
+        config_version=config.version,
+        gpu_type=config.gpu_type,
+        model=config.model,
+        num_requests=len(requests) + len(rejected),
+        completed=len(done),
+        rejected=len(rejected),
+        duration_s=duration,
+        request_throughput=per_second(len(done)),
+        output_throughput=per_second(output_tokens),
+        total_token_throughput=per_second(output_tokens + prompt_tokens),
+        ttft_ms=LatencyStats.of(ttft),
+        tpot_ms=LatencyStats.of(tpot),
+        itl_ms=LatencyStats.of_weighted([(gap * 1e3, weight) for gap, weight in engine.itl_samples]),
+        e2el_ms=LatencyStats.of(e2el),
+        mean_queue_ms=_mean(queue),
+        mean_prefill_ms=_mean(prefill),
+        mean_decode_ms=_mean(decode),
+        mean_overhead_ms=_mean(overhead),
+        num_preemptions=engine.num_preemptions_total,
+        mean_kv_cache_usage=kv_weighted / busy if busy > 0 else 0.0,
+        max_kv_cache_usage=kv_max,
+        num_gpu_blocks=engine.num_blocks_total,
+        prefix_cache_hit_rate=(engine.prefix_cache_hits / engine.prefix_cache_queries
+                               if engine.prefix_cache_queries else 0.0),
+        spec_acceptance_rate=engine.spec_num_accepted_tokens / drafted if drafted else None,
+        spec_mean_acceptance_length=(1 + engine.spec_num_accepted_tokens / engine.spec_num_drafts
+                                     if engine.spec_num_drafts else None),
+        num_steps=engine.num_steps_total,
+        busy_fraction=busy / duration if duration > 0 else 0.0,
+    )
+
+
+def _mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values) if values else math.nan

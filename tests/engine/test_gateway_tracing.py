@@ -1,0 +1,127 @@
+"""Gateway tracing: one SERVER span per request, W3C traceparent in and out, GenAI attributes the platform reads."""
+from __future__ import annotations
+
+import aiohttp
+from ingest.otlp import Limits, decode_protobuf
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.trace import SpanKind, StatusCode
+from test_gateway_support import MODEL, FakeReplica, chat, gateway, groups, run, settings, tracing
+
+from collectors.base import Role
+from collectors.registry import normalise_span
+from engine.gateway import GATEWAY_KEY, build_gateway_app
+
+TRACE_ID = "0af7651916cd43dd8448eb211c80319c"
+CLIENT_SPAN_ID = "b7ad6b7169203331"
+TRACEPARENT = f"00-{TRACE_ID}-{CLIENT_SPAN_ID}-01"
+
+
+def _platform_view(span):
+    """The span as the platform sees it: OTLP protobuf from the SDK's encoder, decoded by the ingest path."""
+    decoded = decode_protobuf(encode_spans([span]).SerializeToString(), Limits())
+    assert len(decoded.spans) == 1, decoded.rejected
+    return decoded.spans[0]
+
+
+def test_streaming_span_is_the_gateway_hop_and_the_engine_parent():
+    provider, exporter = tracing()
+
+    async def scenario():
+        replica = FakeReplica("a", chunks=4, delay=0.05)
+        await replica.start()
+        async with gateway(groups(("baseline", 9, [replica]), ("canary", 0, ["http://127.0.0.1:9"])),
+                           tracer_provider=provider) as gw, aiohttp.ClientSession() as session:
+            headers = {"traceparent": TRACEPARENT}
+            async with session.post(gw.url + "/v1/chat/completions", json=chat(stream=True), headers=headers) as r:
+                assert r.status == 200
+                await r.read()
+        await replica.stop()
+        return replica
+
+    replica = run(scenario())
+    spans = exporter.get_finished_spans()
+    assert len(spans) == 1, "no client span for the upstream call"
+    span = spans[0]
+    assert span.name == f"chat {MODEL}" and span.kind == SpanKind.SERVER
+    assert f"{span.context.trace_id:032x}" == TRACE_ID
+    assert f"{span.parent.span_id:016x}" == CLIENT_SPAN_ID
+    # The replica got the gateway span's own context: its llm_request span becomes the gateway span's child.
+    upstream_traceparent = replica.requests[0]["headers"]["traceparent"]
+    assert upstream_traceparent == f"00-{TRACE_ID}-{span.context.span_id:016x}-01"
+
+    attrs = span.attributes
+    assert attrs["gen_ai.operation.name"] == "chat"
+    assert attrs["gen_ai.provider.name"] == "vllm"
+    assert attrs["gen_ai.request.model"] == MODEL and attrs["gen_ai.response.model"] == MODEL
+    assert attrs["gen_ai.response.id"].startswith("chatcmpl-a-")
+    assert attrs["gen_ai.usage.input_tokens"] == 7 and attrs["gen_ai.usage.output_tokens"] == 4
+    assert attrs["gen_ai.request.stream"] is True
+    assert attrs["gen_ai.request.max_tokens"] == 16
+    assert 0.05 <= attrs["gen_ai.response.time_to_first_chunk"] < (span.end_time - span.start_time) / 1e9
+    assert attrs["server.address"] == "127.0.0.1" and attrs["server.port"] == replica.port
+    assert attrs["http.response.status_code"] == 200
+    assert attrs["llm_observatory.replica_group"] == "baseline"
+    assert "error.type" not in attrs and span.status.status_code == StatusCode.UNSET
+    assert span.resource.attributes["service.name"] == "llm-gateway"
+
+    call = normalise_span(_platform_view(span))
+    assert call is not None and call.role == Role.GATEWAY and call.convention == "genai"
+    assert call.model == MODEL and call.request_id == attrs["gen_ai.response.id"]
+    assert (call.prompt_tokens, call.completion_tokens) == (7, 4)
+    assert call.streaming is True and call.ttft_ms >= 50 and not call.is_error
+    assert call.parent_span_id == CLIENT_SPAN_ID
+
+
+def test_request_without_traceparent_starts_a_trace_and_completion_operation_is_named():
+    provider, exporter = tracing()
+
+    async def scenario():
+        replica = FakeReplica("a")
+        await replica.start()
+        async with gateway(groups(("baseline", 1, [replica])), tracer_provider=provider) as gw, \
+                aiohttp.ClientSession() as session:
+            async with session.post(gw.url + "/v1/completions", json={"model": MODEL, "prompt": "hi"}) as resp:
+                assert resp.status == 200
+        await replica.stop()
+        return replica
+
+    replica = run(scenario())
+    (span,) = exporter.get_finished_spans()
+    assert span.parent is None
+    assert span.name == f"text_completion {MODEL}"
+    assert span.attributes["gen_ai.operation.name"] == "text_completion"
+    assert span.attributes["gen_ai.request.stream"] is False
+    assert "gen_ai.response.time_to_first_chunk" not in span.attributes
+    assert replica.requests[0]["headers"]["traceparent"].split("-")[2] == f"{span.context.span_id:016x}"
+    assert normalise_span(_platform_view(span)).role == Role.GATEWAY
+
+
+def test_failures_mark_the_span_as_an_error():
+    provider, exporter = tracing()
+
+    async def scenario():
+        replica = FakeReplica("a", status=500)
+        await replica.start()
+        async with gateway(groups(("baseline", 1, [replica])), tracer_provider=provider) as gw, \
+                aiohttp.ClientSession() as session:
+            async with session.post(gw.url + "/v1/chat/completions", json=chat()) as resp:
+                assert resp.status == 500
+            async with session.post(gw.url + "/v1/chat/completions", data=b"{not json") as resp:
+                assert resp.status == 400
+        await replica.stop()
+
+    run(scenario())
+    upstream_error, bad_input = exporter.get_finished_spans()
+    assert upstream_error.attributes["error.type"] == "500"
+    assert upstream_error.attributes["http.response.status_code"] == 500
+    assert upstream_error.status.status_code == StatusCode.ERROR
+    assert normalise_span(_platform_view(upstream_error)).is_error
+    assert bad_input.attributes["error.type"] == "invalid_json"
+    assert bad_input.attributes["http.response.status_code"] == 400
+    assert "llm_observatory.replica_group" not in bad_input.attributes
+
+
+def test_default_tracer_provider_names_the_service_llm_gateway():
+    app = build_gateway_app(settings([{"name": "g", "weight": 1, "upstreams": ["http://127.0.0.1:9"]}]))
+    provider = app[GATEWAY_KEY].tracer_provider
+    assert provider.resource.attributes["service.name"] == "llm-gateway"

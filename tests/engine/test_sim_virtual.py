@@ -1,0 +1,148 @@
+"""Virtual-time runs: event skipping equals plain stepping, summaries use vLLM's definitions, knobs move latency."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from engine.config import EngineConfig, SpeculativeConfig
+from engine.sim.core import SimOptions, SimRequest
+from engine.sim.cost_model import StepCostModel
+from engine.sim.memory import plan_memory
+from engine.sim.profiles import hardware_profile, model_profile
+from engine.sim.virtual import LatencyStats, percentile, simulate
+from engine.sim.workload import fixed_requests, poisson_sharegpt
+
+TIMESTAMPS = ("queued_time", "scheduled_time", "first_token_time", "last_token_time", "finished_time")
+
+
+def _copy(requests):
+    return [SimRequest(r.request_id, r.prompt_tokens, r.output_tokens, r.arrival_time,
+                       prompt_token_ids=r.prompt_token_ids, priority=r.priority) for r in requests]
+
+
+@pytest.mark.parametrize(
+    ("knobs", "blocks", "rate"),
+    [
+        ({}, None, 2.0),  # light load: long runs of identical decode steps
+        ({}, None, 30.0),
+        ({"max_num_seqs": 16, "max_num_batched_tokens": 512}, None, 20.0),
+        ({"scheduling_policy": "priority"}, 600, 15.0),  # KV pressure and preemption
+        ({"enable_chunked_prefill": False, "max_num_batched_tokens": 4096}, 700, 15.0),
+    ],
+)
+def test_event_skipping_gives_the_same_timestamps_as_single_steps(knobs, blocks, rate):
+    config = EngineConfig(max_model_len=4096, **knobs)
+    requests = poisson_sharegpt(rate, count=150, seed=7)
+    for index, request in enumerate(requests):
+        request.priority = index % 3
+    options = SimOptions(num_gpu_blocks_override=blocks)
+    skipped = simulate(config, _copy(requests), options=options, skip=True)
+    stepped = simulate(config, _copy(requests), options=options, skip=False)
+    assert skipped.summary.num_steps == stepped.summary.num_steps
+    assert skipped.summary.num_preemptions == stepped.summary.num_preemptions
+    for a, b in zip(skipped.requests, stepped.requests):
+        assert a.request_id == b.request_id and a.num_generated == b.num_generated == a.output_tokens
+        for name in TIMESTAMPS:
+            assert getattr(a, name) == pytest.approx(getattr(b, name), rel=1e-12, abs=1e-9), name
+    assert skipped.summary.itl_ms.count == stepped.summary.itl_ms.count
+    if rate == 2.0:
+        # Light load is where skipping pays: far fewer engine calls than steps.
+        assert skipped.engine_calls < stepped.engine_calls / 5
+
+
+def test_summary_follows_vllm_benchmark_definitions():
+    options = SimOptions(api_overhead_seconds=0.0, tokenize_seconds_per_token=0.0, detokenize_seconds_per_token=0.0)
+    result = simulate(EngineConfig(max_model_len=4096), fixed_requests(3, 200, 50), options=options)
+    summary = result.summary
+    assert summary.simulated is True and summary.completed == 3 and summary.rejected == 0
+    first = result.requests[0]
+    ttft = (first.first_token_time - first.arrival_time) * 1e3
+    tpot = (first.finished_time - first.first_token_time) / 49 * 1e3
+    assert summary.ttft_ms.p50 == pytest.approx(ttft)
+    assert summary.tpot_ms.p50 == pytest.approx(tpot)
+    assert summary.itl_ms.count == 3 * 49  # every gap between consecutive tokens
+    assert summary.itl_ms.mean == pytest.approx(tpot, rel=1e-6)
+    assert summary.mean_overhead_ms == pytest.approx(0.0, abs=1e-9)
+    assert summary.output_throughput == pytest.approx(150 / summary.duration_s)
+    assert 0 < summary.mean_kv_cache_usage <= summary.max_kv_cache_usage <= 1
+
+
+def test_requests_vllm_refuses_are_counted_not_run():
+    requests = [SimRequest("ok", 100, 10, 0.0), SimRequest("too-long", 4000, 200, 0.0)]
+    result = simulate(EngineConfig(max_model_len=4096), requests)
+    assert [r.request_id for r in result.requests] == ["ok"]
+    assert result.summary.rejected == 1 and "maximum context length" in result.rejected[0][1]
+
+
+def test_api_overhead_model_makes_the_overhead_component_non_zero():
+    options = SimOptions(api_overhead_seconds=2e-3, tokenize_seconds_per_token=1e-6, detokenize_seconds_per_token=0)
+    result = simulate(EngineConfig(max_model_len=4096), [SimRequest("a", 1000, 10, 0.0)], options=options)
+    request = result.requests[0]
+    assert request.queued_time == pytest.approx(1e-3 + 1000 * 1e-6)
+    assert result.summary.mean_overhead_ms == pytest.approx(2.0 + 1.0)
+
+
+def test_more_load_means_more_queueing():
+    config = EngineConfig(max_model_len=4096, max_num_seqs=32)
+    light = simulate(config, poisson_sharegpt(5, count=400, seed=1)).summary
+    heavy = simulate(config, poisson_sharegpt(40, count=400, seed=1)).summary
+    assert heavy.mean_queue_ms > light.mean_queue_ms
+    assert heavy.ttft_ms.p90 > light.ttft_ms.p90
+
+
+def test_a_larger_token_budget_lowers_ttft_under_prefill_heavy_load():
+    requests = fixed_requests(60, 6000, 8, rate=4.0, seed=2)
+    small = simulate(EngineConfig(max_model_len=8192, max_num_batched_tokens=512, max_num_seqs=64), _copy(requests))
+    large = simulate(EngineConfig(max_model_len=8192, max_num_batched_tokens=8192, max_num_seqs=64), _copy(requests))
+    assert large.summary.ttft_ms.mean < small.summary.ttft_ms.mean
+
+
+def test_more_gpu_memory_utilization_means_more_blocks():
+    model, hardware = model_profile("meta-llama/Llama-3.1-8B-Instruct"), hardware_profile("H100")
+    low = plan_memory(EngineConfig(gpu_memory_utilization=0.7).resolved(), model, hardware)
+    high = plan_memory(EngineConfig(gpu_memory_utilization=0.95).resolved(), model, hardware)
+    assert high.num_blocks > low.num_blocks > 0
+    # fp8 KV halves the bytes per token: about twice the blocks.
+    fp8 = plan_memory(EngineConfig(kv_cache_dtype="fp8").resolved(), model, hardware)
+    default = plan_memory(EngineConfig().resolved(), model, hardware)
+    assert fp8.num_blocks == pytest.approx(2 * default.num_blocks, rel=0.01)
+    # vLLM logs ~440-470k tokens of KV cache for this model on an H100 at the defaults.
+    assert 400_000 < default.kv_cache_tokens < 500_000
+
+
+def test_tensor_parallel_4_is_faster_per_step_than_2_for_70b():
+    model, hardware = model_profile("meta-llama/Llama-3.1-70B-Instruct"), hardware_profile("H100")
+    tp2 = StepCostModel(model, hardware, tensor_parallel_size=2)
+    tp4 = StepCostModel(model, hardware, tensor_parallel_size=4)
+    for batch, context in ((1, 1000), (64, 64 * 800), (256, 256 * 600)):
+        assert tp4.decode_step_time(batch, context) < tp2.decode_step_time(batch, context)
+    assert tp4.pass_time(8192, 4, 8192 * 4096, 8192) < tp2.pass_time(8192, 4, 8192 * 4096, 8192)
+
+
+def test_moe_reads_only_the_experts_its_tokens_touch():
+    model, hardware = model_profile("Qwen/Qwen3-30B-A3B"), hardware_profile("H100")
+    cost = StepCostModel(model, hardware)
+    one, many = cost.weight_bytes(1), cost.weight_bytes(512)
+    assert one < many
+    assert many == pytest.approx(model.weight_bytes - model.vocab_size * model.hidden_size * 2, rel=0.01)
+    dense_equivalent = StepCostModel(model_profile("meta-llama/Llama-3.1-8B-Instruct"), hardware)
+    assert cost.decode_step_time(1, 500) < dense_equivalent.decode_step_time(1, 500)
+
+
+def test_speculative_run_reports_acceptance():
+    spec = SpeculativeConfig(method="eagle3", num_speculative_tokens=3, model="d")
+    result = simulate(EngineConfig(max_model_len=4096, speculative_config=spec), fixed_requests(4, 100, 200))
+    summary = result.summary
+    assert 0 < summary.spec_acceptance_rate < 1
+    assert summary.spec_mean_acceptance_length == pytest.approx(1 + sum((0.78, 0.58, 0.43)), rel=0.1)
+
+
+def test_percentiles_interpolate_like_numpy():
+    values = [1.0, 2.0, 3.0, 4.0]
+    assert percentile(values, 50) == 2.5 and percentile(values, 99) == pytest.approx(3.97)
+    weighted = LatencyStats.of_weighted([(1.0, 1), (2.0, 1), (3.0, 1), (4.0, 1)])
+    plain = LatencyStats.of(values)
+    assert (weighted.p50, weighted.p90, weighted.p99) == pytest.approx((plain.p50, plain.p90, plain.p99))
+    assert LatencyStats.of_weighted([(5.0, 3), (1.0, 1)]).p50 == 5.0
+    assert math.isnan(LatencyStats.of([]).mean)
