@@ -67,6 +67,8 @@ test: $(INSTALLED)
 bench: $(INSTALLED)
 	$(VENV_PYTHON) -m observatory.bench.ingest
 	$(VENV_PYTHON) -m observatory.bench.summary
+	$(VENV_PYTHON) -m engine.bench.sim
+	$(VENV_PYTHON) -m engine.bench.gateway
 
 lint: $(INSTALLED)
 	$(VENV)/bin/ruff check .

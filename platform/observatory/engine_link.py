@@ -142,3 +142,24 @@ class EngineCompanion:
         if self.started:
             self.started = False
             self._engine("down", timeout=180)
+
+
+def fleet_state() -> dict:
+    """The managed engine fleet as its controller reports it (``GET /fleet``), for the platform's API.
+
+    ``running`` is False, with the last recorded state if there is one, when no controller
+    answers. Reads the fleet file and run directory the way ``manage.py engine`` does.
+    """
+    from engine.launcher.cli import default_fleet_file, fetch_fleet
+    from engine.launcher.fleet import FleetSpec, FleetSpecError, read_state_file
+
+    env = dict(os.environ)
+    env.setdefault("ENGINE_RUN_DIR", str(Path(settings.DATA_DIR) / "engine"))
+    try:
+        spec = FleetSpec.load(default_fleet_file(), env=env)
+    except FleetSpecError as exc:
+        return {"running": False, "fleet": None, "error": "invalid fleet file", "problems": exc.problems}
+    snapshot = fetch_fleet(spec, timeout=2.0)
+    if snapshot is not None:
+        return {"running": True, "fleet": snapshot}
+    return {"running": False, "fleet": None, "last_state": read_state_file(spec.run_dir)}

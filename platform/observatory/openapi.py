@@ -86,6 +86,24 @@ OPENAPI = {
                 },
             }
         },
+        "/api/v1/engine": {
+            "get": {
+                "summary": "The managed engine fleet: gateway, replica groups, weights, config versions, replica states",
+                "description": "What the fleet controller reports (`manage.py engine status --json`); "
+                               "`running` is false, with the last recorded state, when no controller answers.",
+                "responses": {
+                    "200": {"description": "fleet state", "content": {"application/json": {"schema": {
+                        "type": "object",
+                        "properties": {
+                            "running": {"type": "boolean"},
+                            "fleet": {"type": ["object", "null"]},
+                            "last_state": {"type": ["object", "null"]},
+                        },
+                    }}}},
+                    **_ERRORS,
+                },
+            }
+        },
         "/api/v1/latency/summary": {
             "get": {
                 "summary": "Latency percentiles per group over a time range",

@@ -9,6 +9,7 @@ urlpatterns = [
     path("v1/traces", otlp_traces, name="otlp-traces"),
     path("api/v1/requests", requests_view, name="api-requests"),
     path("api/v1/latency/summary", latency_summary_view, name="api-latency-summary"),
+    path("api/v1/engine", views.engine_view, name="api-engine"),
     path("api/v1/openapi.json", views.openapi, name="api-openapi"),
     re_path(r"^api/", not_found_view),  # after every API route: unknown API paths answer in JSON too
     path("metrics", views.prometheus_metrics, name="metrics"),

@@ -3,8 +3,10 @@ from django.http import HttpResponse, JsonResponse
 from django.views.decorators.http import require_GET
 from ingest import metrics
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from traces.api import ApiError, api_view
 from traces.store import get_store
 
+from .engine_link import fleet_state
 from .openapi import OPENAPI
 from .runtime import get_runtime
 
@@ -38,3 +40,11 @@ def prometheus_metrics(request):
 @require_GET
 def openapi(request):
     return JsonResponse(OPENAPI)
+
+
+@api_view
+def engine_view(request, identity):
+    """``GET /api/v1/engine``: the managed engine fleet (groups, weights, config versions, replica states)."""
+    if not identity.projects:
+        raise ApiError(403, "this token has no role in any project")
+    return fleet_state()

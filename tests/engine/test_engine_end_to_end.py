@@ -119,3 +119,12 @@ def test_decomposition_matches_client_and_simulator(live_platform, fleet):
         assert row["engine_config"] in versions
         seen_versions.add(row["engine_config"])
     assert seen_versions == versions, "both replica groups should have served some of the 24 requests"
+
+
+def test_platform_reports_fleet_state(live_platform):
+    """``GET /api/v1/engine`` needs a token; with no controller for the platform's fleet it says so."""
+    status, body = live_platform.process.get("/api/v1/engine")
+    assert status == 401 and "error" in body
+    status, body = live_platform.process.get("/api/v1/engine", live_platform.tokens["alice"])
+    assert status == 200
+    assert body["running"] is False and body["fleet"] is None
