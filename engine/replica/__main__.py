@@ -1,0 +1,6 @@
+"""Entry point of ``python -m engine.replica``."""
+import sys
+
+from engine.replica.cli import main
+
+sys.exit(main())

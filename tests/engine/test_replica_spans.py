@@ -1,0 +1,182 @@
+"""The replica's ``llm_request`` span is vLLM's: name, kind, parent, attributes, resource, and honest latencies."""
+from __future__ import annotations
+
+import time
+
+import pytest
+from opentelemetry.trace import SpanKind
+from test_replica_support import MODEL, post, spans_by_request_id, start_replica, stream, wait_until
+
+from engine.config import EngineConfig
+from engine.replica import build_replica_tracer_provider
+from engine.sim.core import EngineCore, SimRequest
+from engine.telemetry import ENGINE_CONFIG_ATTRIBUTE, REPLICA_GROUP_ATTRIBUTE, SIMULATED_ATTRIBUTE
+from engine.tokens import token_ids
+
+TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
+PARENT_SPAN_ID = "00f067aa0ba902b7"
+LATENCY_KEYS = {
+    "gen_ai.latency.time_in_queue",
+    "gen_ai.latency.time_to_first_token",
+    "gen_ai.latency.e2e",
+    "gen_ai.latency.time_in_model_prefill",
+    "gen_ai.latency.time_in_model_decode",
+    "gen_ai.latency.time_in_model_inference",
+}
+CONFIG = EngineConfig()
+
+
+@pytest.fixture(scope="module")
+def replica_and_spans():
+    server, exporter = start_replica(CONFIG, group="baseline", seed=3)
+    try:
+        yield server, exporter
+    finally:
+        server.stop()
+
+
+def _span_for(exporter, request_id):
+    assert wait_until(lambda: request_id in spans_by_request_id(exporter), timeout=5), "no llm_request span"
+    return spans_by_request_id(exporter)[request_id]
+
+
+def test_span_name_kind_parent_attributes_and_resource(replica_and_spans):
+    replica, exporter = replica_and_spans
+    wall_before = time.time_ns()
+    reply = post(
+        replica.url + "/v1/completions",
+        {"model": MODEL, "prompt": "Where do spans come from?", "max_tokens": 8, "ignore_eos": True,
+         "temperature": 0.7, "top_p": 0.9},
+        headers={"traceparent": f"00-{TRACE_ID}-{PARENT_SPAN_ID}-01"},
+    )
+    wall_after = time.time_ns()
+    assert reply.status == 200, reply.body
+    body = reply.json()
+    span = _span_for(exporter, body["id"])
+
+    assert span.name == "llm_request"
+    assert span.kind == SpanKind.SERVER
+    assert span.context.trace_id == int(TRACE_ID, 16)
+    assert span.parent is not None and span.parent.span_id == int(PARENT_SPAN_ID, 16) and span.parent.is_remote
+
+    attributes = dict(span.attributes)
+    assert set(attributes) == LATENCY_KEYS | {
+        "gen_ai.usage.prompt_tokens",
+        "gen_ai.usage.completion_tokens",
+        "gen_ai.request.id",
+        "gen_ai.request.max_tokens",
+        "gen_ai.request.temperature",
+        "gen_ai.request.top_p",
+        "gen_ai.request.n",
+        "gen_ai.response.model",
+    }
+    for key in LATENCY_KEYS:
+        assert isinstance(attributes[key], float) and attributes[key] >= 0, key
+    assert attributes["gen_ai.usage.prompt_tokens"] == body["usage"]["prompt_tokens"]
+    assert attributes["gen_ai.usage.completion_tokens"] == body["usage"]["completion_tokens"] == 8
+    assert attributes["gen_ai.request.max_tokens"] == 8
+    assert attributes["gen_ai.request.temperature"] == pytest.approx(0.7)
+    assert attributes["gen_ai.request.top_p"] == pytest.approx(0.9)
+    assert attributes["gen_ai.request.n"] == 1
+    assert attributes["gen_ai.response.model"] == MODEL
+
+    resource = dict(span.resource.attributes)
+    assert resource["service.name"] == "vllm"
+    assert resource[SIMULATED_ATTRIBUTE] is True
+    assert resource[ENGINE_CONFIG_ATTRIBUTE] == CONFIG.version
+    assert resource[REPLICA_GROUP_ATTRIBUTE] == "baseline"
+    assert resource["vllm.instrumenting_module_name"] == "vllm.llm_engine"
+
+    # The span covers arrival → finish on the wall clock (monotonic times mapped to epoch, so allow a
+    # little skew; the server also stamps the finish just after the client may have read the last byte),
+    # and its length is the reported e2e.
+    slack = 5_000_000
+    assert wall_before - slack <= span.start_time <= span.end_time <= wall_after + slack
+    assert (span.end_time - span.start_time) / 1e9 == pytest.approx(attributes["gen_ai.latency.e2e"], abs=1e-6)
+
+
+def test_greedy_request_has_no_temperature_and_no_parent_without_traceparent(replica_and_spans):
+    replica, exporter = replica_and_spans
+    body = post(replica.url + "/v1/chat/completions",
+                {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 3, "temperature": 0}).json()
+    span = _span_for(exporter, body["id"])
+    assert span.parent is None
+    # vLLM sets the sampling attributes only when truthy, so a greedy request has no temperature.
+    assert "gen_ai.request.temperature" not in span.attributes
+    assert span.attributes["gen_ai.request.max_tokens"] == 3
+    assert span.attributes["gen_ai.request.id"].startswith("chatcmpl-")
+
+
+def test_streamed_latencies_match_what_the_client_measured(replica_and_spans):
+    replica, exporter = replica_and_spans
+    result = stream(replica.url + "/v1/completions",
+                    {"prompt": "Measure me " * 50, "max_tokens": 40, "ignore_eos": True, "stream": True})
+    assert result.status == 200 and result.first_content is not None
+    span = _span_for(exporter, result.events[0]["id"])
+    attributes = span.attributes
+    client_ttft = result.first_content - result.started
+    client_total = result.finished - result.started
+    ttft = attributes["gen_ai.latency.time_to_first_token"]
+    e2e = attributes["gen_ai.latency.e2e"]
+    # The replica stamps the first token when it writes the chunk: the client sees it a little later
+    # (connect + loopback), never materially earlier.
+    assert ttft <= client_ttft + 0.005
+    assert client_ttft - ttft < 0.025
+    assert e2e <= client_total + 0.005
+    assert client_total - e2e < 0.025
+
+
+def test_e2e_decomposes_into_overhead_queue_prefill_decode(replica_and_spans):
+    replica, exporter = replica_and_spans
+    result = stream(replica.url + "/v1/chat/completions",
+                    {"messages": [{"role": "user", "content": "decompose " * 300}], "max_tokens": 20,
+                     "ignore_eos": True, "stream": True})
+    span = _span_for(exporter, result.events[0]["id"])
+    a = span.attributes
+    queue, prefill, decode = (a["gen_ai.latency.time_in_queue"], a["gen_ai.latency.time_in_model_prefill"],
+                              a["gen_ai.latency.time_in_model_decode"])
+    overhead = a["gen_ai.latency.e2e"] - (queue + prefill + decode)
+    # vLLM's API-server overhead (input processing, detokenisation, writes): positive and a few ms.
+    assert 0 < overhead < 0.05
+    assert prefill > 0 and decode > 0
+    assert a["gen_ai.latency.time_in_model_inference"] == pytest.approx(prefill + decode, abs=1e-9)
+    # The first token cannot reach the client before queue + prefill.
+    assert a["gen_ai.latency.time_to_first_token"] >= queue + prefill
+
+
+def test_replica_tracer_provider_resource(monkeypatch):
+    for name in ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_SERVICE_NAME"):
+        monkeypatch.delenv(name, raising=False)
+    provider = build_replica_tracer_provider(CONFIG, "canary")
+    resource = dict(provider.resource.attributes)
+    assert resource["service.name"] == "vllm"
+    assert resource[SIMULATED_ATTRIBUTE] is True
+    assert resource[ENGINE_CONFIG_ATTRIBUTE] == CONFIG.version
+    assert resource[REPLICA_GROUP_ATTRIBUTE] == "canary"
+    assert resource["vllm.process_id"].isdigit()
+    monkeypatch.setenv("OTEL_SERVICE_NAME", "vllm-canary")
+    assert build_replica_tracer_provider(CONFIG, "canary").resource.attributes["service.name"] == "vllm-canary"
+
+
+def test_engine_timestamps_follow_the_simulated_timeline_not_the_event_loop(replica_and_spans):
+    """Alone on the replica, a request gets exactly the prefill and decode times the simulator models."""
+    replica, exporter = replica_and_spans
+    prompt = "timeline check " * 120
+    resyncs_before = replica.call(lambda: replica.state.driver.timeline_resyncs)
+    result = stream(replica.url + "/v1/completions",
+                    {"prompt": prompt, "max_tokens": 30, "ignore_eos": True, "stream": True})
+    span = _span_for(exporter, result.events[0]["id"])
+    if replica.call(lambda: replica.state.driver.timeline_resyncs) != resyncs_before:
+        pytest.skip("the host was too loaded for the event loop to keep the simulated pace")
+
+    core = EngineCore(CONFIG, seed=3)
+    alone = SimRequest("alone", len(token_ids(prompt)), 30, 0.0, prompt_token_ids=token_ids(prompt))
+    core.add_request(alone, 0.0)
+    now = 0.0
+    while core.has_unfinished_requests():
+        now = core.step(now).end_time
+    a = span.attributes
+    assert a["gen_ai.latency.time_in_model_prefill"] == pytest.approx(alone.first_token_time - alone.scheduled_time,
+                                                                      abs=1e-6)
+    assert a["gen_ai.latency.time_in_model_decode"] == pytest.approx(alone.last_token_time - alone.first_token_time,
+                                                                     abs=1e-6)
