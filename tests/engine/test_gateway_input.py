@@ -12,7 +12,7 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from test_gateway_support import MODEL, FakeReplica, chat, gateway, groups, run
+from gateway_fakes import MODEL, FakeReplica, chat, gateway, groups, run
 
 from engine.gateway import GatewaySettings, RoutesError, main, parse_routes
 from engine.gateway.settings import parse_bind

@@ -7,7 +7,7 @@ import time
 import aiohttp
 import orjson
 from aiohttp import web
-from test_gateway_support import (
+from gateway_fakes import (
     FakeReplica,
     chat,
     eventually,

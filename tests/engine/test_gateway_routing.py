@@ -6,7 +6,7 @@ import math
 import random
 
 import aiohttp
-from test_gateway_support import FakeReplica, chat, gateway, groups, run
+from gateway_fakes import FakeReplica, chat, gateway, groups, run
 
 from engine.gateway.routing import RouteTable
 from engine.gateway.settings import GroupSpec

@@ -5,7 +5,7 @@ import asyncio
 
 import aiohttp
 import orjson
-from test_gateway_support import MODEL, FakeReplica, chat, gateway, groups, run, sse_events
+from gateway_fakes import MODEL, FakeReplica, chat, gateway, groups, run, sse_events
 
 
 async def _next_event(resp: aiohttp.ClientResponse) -> bytes:

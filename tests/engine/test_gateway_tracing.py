@@ -2,10 +2,10 @@
 from __future__ import annotations
 
 import aiohttp
+from gateway_fakes import MODEL, FakeReplica, chat, gateway, groups, run, settings, tracing
 from ingest.otlp import Limits, decode_protobuf
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.trace import SpanKind, StatusCode
-from test_gateway_support import MODEL, FakeReplica, chat, gateway, groups, run, settings, tracing
 
 from collectors.base import Role
 from collectors.registry import normalise_span

@@ -7,7 +7,7 @@ import threading
 import time
 from urllib.parse import urlsplit
 
-from test_replica_support import get, metric, spans_by_request_id, start_replica, stream, wait_until
+from replica_harness import get, metric, spans_by_request_id, start_replica, stream, wait_until
 
 from engine.config import EngineConfig
 

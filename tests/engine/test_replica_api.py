@@ -4,7 +4,7 @@ from __future__ import annotations
 import threading
 
 import pytest
-from test_replica_support import MODEL, get, post, start_replica, stream
+from replica_harness import MODEL, get, post, start_replica, stream
 
 from engine.config import EngineConfig
 from engine.tokens import count_tokens

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-from test_replica_support import get, post, wait_until
+from replica_harness import get, post, wait_until
 
 from engine.config import EngineConfig
 

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import pytest
-from test_replica_support import get, post, spans_by_request_id, start_replica, wait_until
+from replica_harness import get, post, spans_by_request_id, start_replica, wait_until
 
 from engine.config import EngineConfig
 

@@ -5,7 +5,7 @@ import threading
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from test_replica_support import MODEL, get, metric, post, spans_by_request_id, start_replica, stream, wait_until
+from replica_harness import MODEL, get, metric, post, spans_by_request_id, start_replica, stream, wait_until
 
 from engine.config import EngineConfig
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import threading
 
-from test_replica_support import metric, post, spans_by_request_id, start_replica, wait_until
+from replica_harness import metric, post, spans_by_request_id, start_replica, wait_until
 
 from engine.config import EngineConfig
 

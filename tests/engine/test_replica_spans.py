@@ -5,7 +5,7 @@ import time
 
 import pytest
 from opentelemetry.trace import SpanKind
-from test_replica_support import MODEL, post, spans_by_request_id, start_replica, stream, wait_until
+from replica_harness import MODEL, post, spans_by_request_id, start_replica, stream, wait_until
 
 from engine.config import EngineConfig
 from engine.replica import build_replica_tracer_provider
