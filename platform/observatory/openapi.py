@@ -142,3 +142,17 @@ OPENAPI = {
         },
     },
 }
+
+
+def _merge_app_documents() -> None:
+    """Each API app describes its own paths and schemas (``<app>/openapi.py``); one document serves them all."""
+    from alerts import openapi as alerts_openapi
+    from notify import openapi as notify_openapi
+    from slo import openapi as slo_openapi
+
+    for module in (slo_openapi, alerts_openapi, notify_openapi):
+        OPENAPI["paths"].update(module.PATHS)
+        OPENAPI["components"]["schemas"].update(module.SCHEMAS)
+
+
+_merge_app_documents()

@@ -64,6 +64,9 @@ INSTALLED_APPS = [
     "tenancy",
     "ingest",
     "traces",
+    "slo",
+    "alerts",
+    "notify",
     "observatory",
 ]
 

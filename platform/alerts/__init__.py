@@ -1,0 +1,1 @@
+"""Alerts: burn-rate and regression alerts with a pending → firing → resolved lifecycle, silences, diagnosis."""

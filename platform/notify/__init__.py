@@ -1,0 +1,1 @@
+"""Notification channels (Standard Webhooks, Alertmanager, Slack, PagerDuty) and reliable, SSRF-safe delivery."""

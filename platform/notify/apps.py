@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class NotifyConfig(AppConfig):
+    name = "notify"
+    default_auto_field = "django.db.models.BigAutoField"

@@ -1,0 +1,3 @@
+"""OpenAPI paths and schemas of the notify app, merged into /api/v1/openapi.json by observatory/openapi.py."""
+PATHS: dict = {}
+SCHEMAS: dict = {}

@@ -1,0 +1,1 @@
+"""Service level objectives on the decomposed requests: definitions, burn-rate evaluation, status series."""
