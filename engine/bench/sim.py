@@ -18,39 +18,19 @@ only at the defaults.
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 import time
 from collections.abc import Sequence
 
+from engine.cli_args import non_negative_int, positive_float
 from engine.config import EngineConfig
-
-
-def _positive(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a finite number > 0, not {text!r}")
-    return value
-
-
-def _seed(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError("must be >= 0")
-    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m engine.bench.sim", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--duration", type=_positive, default=3600.0, help="seconds of simulated traffic")
-    parser.add_argument("--rate", type=_positive, default=50.0, help="requests per second (Poisson)")
-    parser.add_argument("--seed", type=_seed, default=0)
+    parser.add_argument("--duration", type=positive_float, default=3600.0, help="seconds of simulated traffic")
+    parser.add_argument("--rate", type=positive_float, default=50.0, help="requests per second (Poisson)")
+    parser.add_argument("--seed", type=non_negative_int, default=0)
     parser.add_argument("--no-calibration", action="store_true", help="skip the calibration points")
     return parser
 

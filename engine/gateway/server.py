@@ -13,7 +13,6 @@ import argparse
 import asyncio
 import dataclasses
 import logging
-import math
 import os
 import signal
 import sys
@@ -21,6 +20,7 @@ from pathlib import Path
 
 from aiohttp import web
 
+from engine.cli_args import integer, non_negative_int, positive_float, positive_int
 from engine.gateway.app import GATEWAY_KEY, Gateway, build_gateway_app
 from engine.gateway.settings import (
     DEFAULT_HOST,
@@ -89,29 +89,6 @@ async def serve_gateway(settings: GatewaySettings, *, tracer_provider=None, stop
         await running.close()
 
 
-def _positive_seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
-    return value
-
-
-def _count(minimum: int):
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"must be ≥ {minimum}, got {value}")
-        return value
-
-    return parse
-
-
 def _parser() -> argparse.ArgumentParser:
     # Defaults come from GatewaySettings, so the CLI and embedded use cannot drift apart.
     d = {field.name: field.default for field in dataclasses.fields(GatewaySettings) if field.name != "groups"}
@@ -122,23 +99,23 @@ def _parser() -> argparse.ArgumentParser:
     token = parser.add_mutually_exclusive_group()
     token.add_argument("--admin-token", help=f"bearer token for /admin (or set {ADMIN_TOKEN_ENV})")
     token.add_argument("--admin-token-file", type=Path, help="file holding the admin token")
-    parser.add_argument("--max-concurrency", type=_count(1), default=d["max_concurrency"],
+    parser.add_argument("--max-concurrency", type=positive_int, default=d["max_concurrency"],
                         help="requests in flight upstream (default %(default)s)")
-    parser.add_argument("--max-queue", type=_count(0), default=d["max_queue"],
+    parser.add_argument("--max-queue", type=non_negative_int, default=d["max_queue"],
                         help="requests waiting for a slot before 429 (default %(default)s)")
-    parser.add_argument("--max-queue-wait", type=_positive_seconds, default=d["max_queue_wait_s"],
+    parser.add_argument("--max-queue-wait", type=positive_float, default=d["max_queue_wait_s"],
                         help="seconds a request may wait for a slot (default %(default)s)")
-    parser.add_argument("--connect-timeout", type=_positive_seconds, default=d["connect_timeout_s"])
-    parser.add_argument("--first-byte-timeout", type=_positive_seconds, default=d["first_byte_timeout_s"])
-    parser.add_argument("--idle-timeout", type=_positive_seconds, default=d["idle_timeout_s"])
-    parser.add_argument("--total-timeout", type=_positive_seconds, default=d["total_timeout_s"])
-    parser.add_argument("--max-body-bytes", type=_count(1), default=d["max_body_bytes"])
-    parser.add_argument("--health-interval", type=_positive_seconds, default=d["health_interval_s"])
-    parser.add_argument("--health-timeout", type=_positive_seconds, default=d["health_timeout_s"])
+    parser.add_argument("--connect-timeout", type=positive_float, default=d["connect_timeout_s"])
+    parser.add_argument("--first-byte-timeout", type=positive_float, default=d["first_byte_timeout_s"])
+    parser.add_argument("--idle-timeout", type=positive_float, default=d["idle_timeout_s"])
+    parser.add_argument("--total-timeout", type=positive_float, default=d["total_timeout_s"])
+    parser.add_argument("--max-body-bytes", type=positive_int, default=d["max_body_bytes"])
+    parser.add_argument("--health-interval", type=positive_float, default=d["health_interval_s"])
+    parser.add_argument("--health-timeout", type=positive_float, default=d["health_timeout_s"])
     parser.add_argument("--service-name", default=DEFAULT_SERVICE_NAME, help="OTel service.name")
     parser.add_argument("--otlp-endpoint", help="OTLP traces endpoint (default: OTEL_EXPORTER_OTLP_* environment)")
     parser.add_argument("--otlp-protocol", choices=("grpc", "http/protobuf"), help="OTLP protocol (default grpc)")
-    parser.add_argument("--seed", type=int, help="seed the routing RNG (reproducible splits)")
+    parser.add_argument("--seed", type=integer, help="seed the routing RNG (reproducible splits)")
     parser.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
     return parser
 

@@ -127,17 +127,34 @@ def check_groups(groups: Iterable[GroupSpec]) -> tuple[GroupSpec, ...]:
     return groups
 
 
-def parse_group(item: object, index: int) -> GroupSpec:
+_GROUP_FIELDS = ("name", "weight", "upstreams")
+
+
+def _check_group_list(items: object, not_a_list: str) -> list:
+    """A list of at most MAX_GROUPS group items (checked before any item is parsed)."""
+    if not isinstance(items, list):
+        raise RoutesError(not_a_list)
+    if len(items) > MAX_GROUPS:
+        raise RoutesError(f"at most {MAX_GROUPS} replica groups")
+    return items
+
+
+def _group_item_name(item: object, index: int, required: tuple[str, ...]) -> str:
+    """The name of the ``index``-th group item, once it is an object with known fields and the ``required`` ones."""
     where = f"group {index}"
     if not isinstance(item, dict):
         raise RoutesError(f"{where} must be an object with name, weight and upstreams")
-    unknown = set(item) - {"name", "weight", "upstreams"}
+    unknown = set(item) - set(_GROUP_FIELDS)
     if unknown:
         raise RoutesError(f"{where}: unknown field(s) {', '.join(sorted(map(str, unknown)))}")
-    for key in ("name", "weight", "upstreams"):
+    for key in required:
         if key not in item:
             raise RoutesError(f"{where}: missing {key!r}")
-    name = parse_group_name(item["name"], where)
+    return parse_group_name(item["name"], where)
+
+
+def parse_group(item: object, index: int) -> GroupSpec:
+    name = _group_item_name(item, index, required=_GROUP_FIELDS)
     where = f"group {name!r}"
     return GroupSpec(name=name, weight=parse_weight(item["weight"], where),
                      upstreams=parse_upstream_list(item["upstreams"], where))
@@ -152,10 +169,7 @@ def parse_routes(document: object) -> tuple[GroupSpec, ...]:
         if "groups" not in document:
             raise RoutesError("missing 'groups'")
         document = document["groups"]
-    if not isinstance(document, list):
-        raise RoutesError("routes must be a list of groups or an object with a 'groups' list")
-    if len(document) > MAX_GROUPS:
-        raise RoutesError(f"at most {MAX_GROUPS} replica groups")
+    _check_group_list(document, "routes must be a list of groups or an object with a 'groups' list")
     return check_groups(parse_group(item, index) for index, item in enumerate(document))
 
 
@@ -275,22 +289,11 @@ def parse_route_update(document: object, current: tuple[GroupSpec, ...]) -> tupl
         return check_groups(GroupSpec(s.name, parsed.get(s.name, s.weight), s.upstreams) for s in current)
     if keys != {"groups"}:
         raise RoutesError('body must have exactly one of "weights" or "groups"')
-    items = document["groups"]
-    if not isinstance(items, list):
-        raise RoutesError("'groups' must be a list")
-    if len(items) > MAX_GROUPS:
-        raise RoutesError(f"at most {MAX_GROUPS} replica groups")
+    items = _check_group_list(document["groups"], "'groups' must be a list")
     by_name = {spec.name: spec for spec in current}
     groups = []
     for index, item in enumerate(items):
-        if not isinstance(item, dict):
-            raise RoutesError(f"group {index} must be an object with name, weight and upstreams")
-        unknown_fields = set(item) - {"name", "weight", "upstreams"}
-        if unknown_fields:
-            raise RoutesError(f"group {index}: unknown field(s) {', '.join(sorted(map(str, unknown_fields)))}")
-        if "name" not in item:
-            raise RoutesError(f"group {index}: missing 'name'")
-        name = parse_group_name(item["name"], f"group {index}")
+        name = _group_item_name(item, index, required=("name",))  # an existing group may omit the rest
         existing = by_name.get(name)
         for key in ("weight", "upstreams"):
             if key not in item and existing is None:

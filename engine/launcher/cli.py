@@ -32,6 +32,7 @@ from pathlib import Path
 from urllib import error as urlerror
 from urllib import request as urlrequest
 
+from engine.cli_args import bounded_float
 from engine.config import ConfigError, EngineConfig
 from engine.launcher.fleet import (
     BACKENDS,
@@ -61,6 +62,10 @@ def default_fleet_file() -> str:
     return os.environ.get("ENGINE_FLEET") or str(EMBEDDED_FLEET)
 
 
+# Positive seconds, below a day.
+_timeout_seconds = bounded_float(above=0, below=86400)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m engine", description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -68,7 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     up = commands.add_parser("up", help="start the fleet (controller, gateway, replicas)")
     up.add_argument("--fleet", default=None, help="fleet YAML file (default: $ENGINE_FLEET or the embedded fleet)")
     up.add_argument("--detach", action="store_true", help="run in the background; return once healthy")
-    up.add_argument("--timeout", type=_positive_seconds, default=None,
+    up.add_argument("--timeout", type=_timeout_seconds, default=None,
                     help="with --detach: seconds to wait for health (default: the backends' startup timeout + 30)")
 
     status = commands.add_parser("status", help="show the gateway and replicas")
@@ -77,7 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     down = commands.add_parser("down", help="stop everything gracefully (idempotent)")
     down.add_argument("--fleet", default=None)
-    down.add_argument("--timeout", type=_positive_seconds, default=120.0,
+    down.add_argument("--timeout", type=_timeout_seconds, default=120.0,
                       help="seconds to wait for a graceful stop before killing (default 120)")
 
     render = commands.add_parser("render", help="print the command that starts one replica for a config")
@@ -92,16 +97,6 @@ def build_parser() -> argparse.ArgumentParser:
     render.add_argument("--collect-detailed-traces", choices=DETAILED_TRACE_MODULES, default=None)
     render.add_argument("--json", action="store_true", help="print {argv, env} as JSON")
     return parser
-
-
-def _positive_seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if not 0 < value < 86400:
-        raise argparse.ArgumentTypeError(f"must be between 0 and 86400 seconds, not {text}")
-    return value
 
 
 def main(argv: Sequence[str] | None = None) -> int:

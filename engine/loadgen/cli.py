@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 from collections.abc import Sequence
 
+from engine.cli_args import bounded_float, finite_float, integer
 from engine.loadgen.report import ProgressBar, format_summary
 from engine.loadgen.runner import LoadError, run_load_sync
 from engine.loadgen.spec import (
@@ -27,26 +27,8 @@ from engine.loadgen.spec import (
 )
 from engine.loadgen.workload import WorkloadFileError
 
-
-def _number(text: str, *, allow_inf: bool = False) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if math.isnan(value) or (math.isinf(value) and not allow_inf):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
-    return value
-
-
-def _rate(text: str) -> float:
-    return _number(text, allow_inf=True)
-
-
-def _integer(text: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+# Requests/s; "inf" sends everything at once (the sign is checked by LoadSpec.problems, naming the flag).
+_rate = bounded_float(allow_inf=True)
 
 
 def _length(text: str) -> LengthRange:
@@ -66,7 +48,7 @@ def _header(text: str) -> tuple[str, str]:
 def _percentiles(text: str) -> tuple[float, ...]:
     values = []
     for part in text.split(","):
-        value = _number(part.strip())
+        value = finite_float(part.strip())
         if not 0 < value < 100:
             raise argparse.ArgumentTypeError(f"percentile {part.strip()!r} must be strictly between 0 and 100")
         values.append(value)
@@ -100,7 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="non-streaming requests: only end-to-end latency is measured")
     target.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"),
                         help="bearer token (default: $OPENAI_API_KEY)")
-    target.add_argument("--timeout", type=_number, default=600.0,
+    target.add_argument("--timeout", type=finite_float, default=600.0,
                         help="seconds allowed per request, whole response included (default %(default)s)")
     target.add_argument("--extra-body", type=_json_object, help="JSON object merged into every request body")
 
@@ -108,24 +90,24 @@ def build_parser() -> argparse.ArgumentParser:
     load.add_argument("--arrival", choices=ARRIVALS, default="poisson", help="arrival process (default %(default)s)")
     load.add_argument("--rate", type=_rate, default=1.0,
                       help="requests/s for poisson/constant (inf: all at once) and on/off bursts (default %(default)s)")
-    load.add_argument("--burstiness", type=_number, default=1.0,
+    load.add_argument("--burstiness", type=finite_float, default=1.0,
                       help="poisson: gamma shape of the gaps as vLLM's --burstiness; 1 = Poisson (default %(default)s)")
-    load.add_argument("--burst-size", type=_integer, help="burst: requests sent together")
-    load.add_argument("--burst-interval", type=_number, help="burst: seconds between bursts")
-    load.add_argument("--burst-on", type=_number, help="burst on/off: seconds sending at --rate")
-    load.add_argument("--burst-off", type=_number, help="burst on/off: seconds silent")
+    load.add_argument("--burst-size", type=integer, help="burst: requests sent together")
+    load.add_argument("--burst-interval", type=finite_float, help="burst: seconds between bursts")
+    load.add_argument("--burst-on", type=finite_float, help="burst on/off: seconds sending at --rate")
+    load.add_argument("--burst-off", type=finite_float, help="burst on/off: seconds silent")
     load.add_argument("--trace", help="replay: JSONL trace with offset/timestamp per line")
-    load.add_argument("--replay-speed", type=_number, default=1.0, help="replay: speed factor (default %(default)s)")
-    load.add_argument("--num-requests", type=_integer, help="number of requests")
-    load.add_argument("--duration", type=_number, help="seconds during which requests are sent")
-    load.add_argument("--max-concurrency", type=_integer, help="most requests in flight at once")
+    load.add_argument("--replay-speed", type=finite_float, default=1.0, help="replay: speed factor (default %(default)s)")
+    load.add_argument("--num-requests", type=integer, help="number of requests")
+    load.add_argument("--duration", type=finite_float, help="seconds during which requests are sent")
+    load.add_argument("--max-concurrency", type=integer, help="most requests in flight at once")
 
     content = parser.add_argument_group("request contents")
     content.add_argument("--dataset", default=SHAREGPT,
                          help="'sharegpt' (synthetic ShareGPT-like lengths) or a JSONL file with prompt/messages")
     content.add_argument("--input-len", type=_length, help="prompt tokens: N (fixed) or LO:HI (uniform)")
     content.add_argument("--output-len", type=_length, help="output tokens: N (fixed) or LO:HI (uniform)")
-    content.add_argument("--seed", type=_integer, default=0, help="seed of arrivals and lengths (default %(default)s)")
+    content.add_argument("--seed", type=integer, default=0, help="seed of arrivals and lengths (default %(default)s)")
 
     results = parser.add_argument_group("results")
     results.add_argument("--goodput", nargs="+", metavar="KEY:MS",

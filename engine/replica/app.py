@@ -37,6 +37,7 @@ import math
 import random
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -340,10 +341,11 @@ async def _generate(http_request: web.Request, kind: str) -> web.StreamResponse:
     if driver is None or not state.ready:
         return _error("the replica cannot take requests: it is shutting down", 503, "ServiceUnavailableError")
     tracked = driver.submit(sim, http_request=http_request)
+    generation = _Generation(state, http_request, request, tracked, request_id, created, finish_reason)
     try:
         if request.stream:
-            return await _stream(state, http_request, request, tracked, request_id, created, finish_reason)
-        return await _respond(state, http_request, request, tracked, request_id, created, finish_reason)
+            return await _stream(generation)
+        return await _respond(generation)
     finally:
         if tracked.done:
             driver.finish(request_id)
@@ -393,35 +395,33 @@ class _TextWriter:
         return text
 
 
-async def _stream(
-    state: ReplicaState,
-    http_request: web.Request,
-    request: GenerationRequest,
-    tracked: TrackedRequest,
-    request_id: str,
-    created: int,
-    finish_reason: str,
-) -> web.StreamResponse:
+@dataclass(frozen=True)
+class _Generation:
+    """One accepted request on its way to a response: what answering and recording it need."""
+
+    state: ReplicaState
+    http_request: web.Request
+    request: GenerationRequest
+    tracked: TrackedRequest
+    request_id: str
+    created: int
+    finish_reason: str
+
+
+async def _stream(generation: _Generation) -> web.StreamResponse:
     response = web.StreamResponse(status=200, headers=SSE_HEADERS)
     try:
-        await response.prepare(http_request)
-        await _stream_body(state, http_request, response, request, tracked, request_id, created, finish_reason)
+        await response.prepare(generation.http_request)
+        await _stream_body(generation, response)
     except ConnectionResetError:
         # The client went away mid-stream; the caller aborts the request in the core.
-        log.info("client of %s disconnected during the stream", request_id)
+        log.info("client of %s disconnected during the stream", generation.request_id)
     return response
 
 
-async def _stream_body(
-    state: ReplicaState,
-    http_request: web.Request,
-    response: web.StreamResponse,
-    request: GenerationRequest,
-    tracked: TrackedRequest,
-    request_id: str,
-    created: int,
-    finish_reason: str,
-) -> None:
+async def _stream_body(generation: _Generation, response: web.StreamResponse) -> None:
+    state, request, tracked = generation.state, generation.request, generation.tracked
+    request_id, created, finish_reason = generation.request_id, generation.created, generation.finish_reason
     writer = _TextWriter(state.rng.getrandbits(32))
     sent = 0
     first_output: float | None = None
@@ -467,20 +467,12 @@ async def _stream_body(
             state.metrics.time_to_first_token.observe(now - tracked.sim.arrival_time)
         if done:
             await response.write_eof()
-            _record_finished(state, http_request, request, tracked, request_id, finish_reason,
-                             first_output, time.monotonic())
+            _record_finished(generation, first_output, time.monotonic())
             return
 
 
-async def _respond(
-    state: ReplicaState,
-    http_request: web.Request,
-    request: GenerationRequest,
-    tracked: TrackedRequest,
-    request_id: str,
-    created: int,
-    finish_reason: str,
-) -> web.StreamResponse:
+async def _respond(generation: _Generation) -> web.StreamResponse:
+    state, request, tracked = generation.state, generation.request, generation.tracked
     observed_first = False
     while not tracked.done:
         await tracked.wait_update()
@@ -492,26 +484,19 @@ async def _respond(
             state.metrics.time_to_first_token.observe(tracked.first_release - tracked.sim.arrival_time)
     await _finishing_time(state, tracked)
     text = synthetic_text(tracked.released, random.Random(state.rng.getrandbits(32)))
-    body = orjson.dumps(full_response(request, request_id, created, text, finish_reason, tracked.released))
+    body = orjson.dumps(full_response(request, generation.request_id, generation.created, text,
+                                      generation.finish_reason, tracked.released))
     response = web.Response(body=body, status=200, content_type="application/json")
-    await response.prepare(http_request)
+    await response.prepare(generation.http_request)
     await response.write_eof()
     first_output = tracked.first_release if tracked.first_release is not None else time.monotonic()
-    _record_finished(state, http_request, request, tracked, request_id, finish_reason, first_output, time.monotonic())
+    _record_finished(generation, first_output, time.monotonic())
     return response
 
 
-def _record_finished(
-    state: ReplicaState,
-    http_request: web.Request,
-    request: GenerationRequest,
-    tracked: TrackedRequest,
-    request_id: str,
-    finish_reason: str,
-    first_output: float,
-    finished: float,
-) -> None:
+def _record_finished(generation: _Generation, first_output: float, finished: float) -> None:
     """The request's span and per-request metrics, once its last byte is written."""
+    state, request, tracked, request_id = generation.state, generation.request, generation.tracked, generation.request_id
     sim = tracked.sim
     queued = sim.queued_time if sim.queued_time is not None else sim.arrival_time
     scheduled = sim.scheduled_time if sim.scheduled_time is not None else queued
@@ -531,7 +516,7 @@ def _record_finished(
     try:
         emit_request_span(
             state.tracer,
-            headers=http_request.headers,
+            headers=generation.http_request.headers,
             timings=timings,
             wall_ns_at=state.wall_ns,
             request_id=request_id,
@@ -544,7 +529,7 @@ def _record_finished(
     except Exception:  # telemetry must never fail a request that was served
         log.exception("emitting the llm_request span of %s failed", request_id)
     metrics = state.metrics
-    metrics.request_success[finish_reason].inc()
+    metrics.request_success[generation.finish_reason].inc()
     metrics.e2e_request_latency.observe(timings.e2e)
     metrics.request_queue_time.observe(timings.time_in_queue)
     metrics.request_prefill_time.observe(timings.prefill)

@@ -14,42 +14,16 @@ import asyncio
 import logging
 import sys
 
+from engine.cli_args import integer, non_negative_float, port_number
 from engine.config import ConfigError, EngineConfig
 from engine.replica.server import DEFAULT_SHUTDOWN_TIMEOUT, ReplicaServer, run_replica
 from engine.replica.spans import build_replica_tracer_provider
-
-
-def _port(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"port must be an integer, not {text!r}") from None
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"port must be between 0 and 65535, not {value}")
-    return value
-
-
-def _non_negative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, not {text!r}") from None
-    if not value >= 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a finite number of seconds >= 0, not {text}")
-    return value
 
 
 def _non_empty(text: str) -> str:
     if not text.strip():
         raise argparse.ArgumentTypeError("must not be empty")
     return text
-
-
-def _seed(text: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"seed must be an integer, not {text!r}") from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -60,15 +34,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--config", required=True, help="engine config file (YAML or JSON, vLLM knob names)")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    parser.add_argument("--port", type=_port, default=8000, help="port to bind (default 8000, as vLLM; 0 = any)")
+    parser.add_argument("--port", type=port_number, default=8000, help="port to bind (default 8000, as vLLM; 0 = any)")
     parser.add_argument("--group", type=_non_empty, default="default", help="replica group name stamped on spans")
     parser.add_argument("--served-model-name", type=_non_empty, default=None,
                         help="model name in the API and metrics (default: the config's model)")
     parser.add_argument("--otlp-traces-endpoint", default=None,
                         help="where to export llm_request spans (gRPC host:port unless "
                         "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf); default: the OTel environment")
-    parser.add_argument("--seed", type=_seed, default=0, help="seed of the simulator and output lengths")
-    parser.add_argument("--shutdown-timeout", type=_non_negative_float, default=DEFAULT_SHUTDOWN_TIMEOUT,
+    parser.add_argument("--seed", type=integer, default=0, help="seed of the simulator and output lengths")
+    parser.add_argument("--shutdown-timeout", type=non_negative_float, default=DEFAULT_SHUTDOWN_TIMEOUT,
                         help="seconds to let in-flight requests finish on SIGTERM/SIGINT before aborting them")
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     return parser

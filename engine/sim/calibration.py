@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import operator
 import statistics
 from collections.abc import Callable, Sequence
 
@@ -21,6 +22,8 @@ from engine.sim.virtual import simulate
 
 LLAMA_8B = "meta-llama/Llama-3.1-8B-Instruct"
 LLAMA_70B = "meta-llama/Llama-3.1-70B-Instruct"
+
+Scenario = Callable[[dict[str, HardwareProfile] | None], float]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,7 +39,7 @@ class CalibrationPoint:
     vllm_version: str
     setup: str
     caveats: str
-    scenario: Callable[[dict[str, HardwareProfile] | None], float]
+    scenario: Scenario  # the simulated value of ``metric``, optionally with replacement hardware profiles
     held_out: bool = False  # True: not used when fitting the constants (an out-of-sample check)
 
 
@@ -93,8 +96,12 @@ def _run_burst(model: str, tp: int, count: int, hardware: dict[str, HardwareProf
     return simulate(config, requests, hardware=_hardware(hardware, "H100"))
 
 
-def _decode_bs1_h100(hardware=None) -> float:
-    return _single_stream_tpot_ms("H100", prompt=110, output=256, count=12, hardware=hardware)
+def _mt_bench_tpot_ms(spec: SpeculativeConfig | None = None) -> Scenario:
+    """Issue 20780's setup: Llama-3.1-8B on one H100, MT-Bench-like requests (about 110 in, 256 out) one at a time."""
+    def scenario(hardware=None) -> float:
+        return _single_stream_tpot_ms("H100", prompt=110, output=256, count=12, spec=spec, hardware=hardware)
+
+    return scenario
 
 
 def _decode_bs1_a100(hardware=None) -> float:
@@ -102,34 +109,27 @@ def _decode_bs1_a100(hardware=None) -> float:
     return _single_stream_tpot_ms("A100-80GB", prompt=29, output=741, count=1, hardware=hardware)
 
 
-def _eagle3_k4(hardware=None) -> float:
-    spec = SpeculativeConfig(method="eagle3", num_speculative_tokens=4, model="yuhuili/EAGLE3-LLaMA3.1-Instruct-8B")
-    return _single_stream_tpot_ms("H100", prompt=110, output=256, count=12, spec=spec, hardware=hardware)
+def _sharegpt_burst_figure(model: str, tp: int, figure: str) -> Scenario:
+    """Lambda's setup: 5000 ShareGPT-like prompts at once on ``tp`` H100s; ``figure`` names a summary attribute."""
+    read = operator.attrgetter(figure)
+
+    def scenario(hardware=None) -> float:
+        return read(_sharegpt_burst(model, tp, 5000, hardware).summary)
+
+    return scenario
 
 
-def _eagle1_k3(hardware=None) -> float:
-    spec = SpeculativeConfig(method="eagle", num_speculative_tokens=3, model="yuhuili/EAGLE-LLaMA3.1-Instruct-8B")
-    return _single_stream_tpot_ms("H100", prompt=110, output=256, count=12, spec=spec, hardware=hardware)
-
-
-def _throughput_8b(hardware=None) -> float:
-    return _sharegpt_burst(LLAMA_8B, 1, 5000, hardware).summary.output_throughput
-
-
-def _throughput_70b_tp4(hardware=None) -> float:
-    return _sharegpt_burst(LLAMA_70B, 4, 5000, hardware).summary.output_throughput
-
-
-def _median_tpot_8b(hardware=None) -> float:
-    return _sharegpt_burst(LLAMA_8B, 1, 5000, hardware).summary.tpot_ms.p50
-
-
-def _median_tpot_70b_tp4(hardware=None) -> float:
-    return _sharegpt_burst(LLAMA_70B, 4, 5000, hardware).summary.tpot_ms.p50
-
-
-_ISSUE_20780 = "https://github.com/vllm-project/vllm/issues/20780"
-_LAMBDA_REPORT = "https://github.com/LambdaLabsML/vllm-benchmark/blob/main/benchmark_v0.md"
+# Where several points come from: the same source, date and vLLM version.
+_ISSUE_20780 = dict(
+    source="https://github.com/vllm-project/vllm/issues/20780",
+    date="2025-07-10",
+    vllm_version="V1 engine, main of July 2025 (~0.9.2)",
+)
+_LAMBDA_REPORT = dict(
+    source="https://github.com/LambdaLabsML/vllm-benchmark/blob/main/benchmark_v0.md",
+    date="2024-09",
+    vllm_version="0.6.0, --num-scheduler-steps 10, chunked prefill off",
+)
 _LAMBDA_A100_RUN = (
     "https://github.com/LambdaLabsML/vllm-benchmark/blob/main/results/prompt_10/1xA100-80GB-SXM/"
     "Meta-Llama-3-8B-Instruct_tp1_len2048.json"
@@ -141,13 +141,11 @@ CALIBRATION_POINTS: tuple[CalibrationPoint, ...] = (
         metric="TPOT (ms), one request at a time",
         measured=7.07,
         tolerance_pct=10.0,
-        source=_ISSUE_20780,
-        date="2025-07-10",
-        vllm_version="V1 engine, main of July 2025 (~0.9.2)",
+        **_ISSUE_20780,
         setup="Llama-3.1-8B-Instruct BF16, 1x H100, max_num_seqs=1, MT-Bench prompts (vanilla baseline row)",
         caveats="GPU model given in the linked V1 EAGLE benchmark thread (#16937, 'H100 BS1'); MT-Bench prompt "
                 "and output lengths approximated as 110 and 256 tokens.",
-        scenario=_decode_bs1_h100,
+        scenario=_mt_bench_tpot_ms(),
     ),
     CalibrationPoint(
         name="decode_bs1_llama8b_a100",
@@ -168,68 +166,62 @@ CALIBRATION_POINTS: tuple[CalibrationPoint, ...] = (
         metric="TPOT (ms) with EAGLE-3, k=4 (mean acceptance length 3.08)",
         measured=4.05,
         tolerance_pct=10.0,
-        source=_ISSUE_20780,
-        date="2025-07-10",
-        vllm_version="V1 engine, main of July 2025 (~0.9.2)",
+        **_ISSUE_20780,
         setup="Llama-3.1-8B-Instruct + yuhuili/EAGLE3-LLaMA3.1-Instruct-8B, 1x H100, batch 1, MT-Bench; "
               "speed-up 1.75x over the 7.07 ms baseline",
         caveats="Acceptance rates set from the same issue's acceptance-length table (not fitted); the drafting "
                 "and verification overheads are fitted to this point and the EAGLE-1 one.",
-        scenario=_eagle3_k4,
+        scenario=_mt_bench_tpot_ms(
+            SpeculativeConfig(method="eagle3", num_speculative_tokens=4, model="yuhuili/EAGLE3-LLaMA3.1-Instruct-8B")
+        ),
     ),
     CalibrationPoint(
         name="eagle1_k3_llama8b_h100",
         metric="TPOT (ms) with EAGLE-1, k=3 (mean acceptance length 2.29)",
         measured=4.29,
         tolerance_pct=10.0,
-        source=_ISSUE_20780,
-        date="2025-07-10",
-        vllm_version="V1 engine, main of July 2025 (~0.9.2)",
+        **_ISSUE_20780,
         setup="Llama-3.1-8B-Instruct + yuhuili/EAGLE-LLaMA3.1-Instruct-8B, 1x H100, batch 1, MT-Bench; "
               "speed-up 1.65x",
         caveats="As for EAGLE-3.",
-        scenario=_eagle1_k3,
+        scenario=_mt_bench_tpot_ms(
+            SpeculativeConfig(method="eagle", num_speculative_tokens=3, model="yuhuili/EAGLE-LLaMA3.1-Instruct-8B")
+        ),
     ),
     CalibrationPoint(
         name="throughput_sharegpt_llama8b_h100",
         metric="output throughput (tok/s), 5000 ShareGPT prompts at once",
         measured=8088.35,
         tolerance_pct=15.0,
-        source=_LAMBDA_REPORT,
-        date="2024-09",
-        vllm_version="0.6.0, --num-scheduler-steps 10, chunked prefill off",
+        **_LAMBDA_REPORT,
         setup="Llama 3.1 8B, 1x H100 SXM, benchmark_serving ShareGPT, rps=inf, 5000 prompts, max-num-seqs 256, "
               "max-model-len 2048",
         caveats="V0 engine with multi-step scheduling (prefills admitted every 10 steps), simulated with V1's "
                 "scheduler; the BF16 checkpoint is assumed (the report's other 8B runs use an FP8 one); "
                 "ShareGPT lengths are the load generator's model of the dataset.",
-        scenario=_throughput_8b,
+        scenario=_sharegpt_burst_figure(LLAMA_8B, 1, "output_throughput"),
     ),
     CalibrationPoint(
         name="throughput_sharegpt_llama70b_tp4_h100",
         metric="output throughput (tok/s), 5000 ShareGPT prompts at once",
         measured=3542.88,
         tolerance_pct=15.0,
-        source=_LAMBDA_REPORT,
-        date="2024-09",
-        vllm_version="0.6.0, --num-scheduler-steps 10, chunked prefill off",
+        **_LAMBDA_REPORT,
         setup="Llama 3.1 70B BF16, 4x H100 SXM (TP 4), ShareGPT, rps=inf, 5000 prompts, max-num-seqs 256, "
               "max-model-len 2048",
         caveats="As for the 8B throughput point.",
-        scenario=_throughput_70b_tp4,
+        scenario=_sharegpt_burst_figure(LLAMA_70B, 4, "output_throughput"),
     ),
     CalibrationPoint(
         name="tpot_under_load_llama8b_h100",
         metric="median TPOT (ms) under saturating load",
         measured=25.57,
         tolerance_pct=15.0,
-        source=_LAMBDA_REPORT,
-        date="2024-09",
-        vllm_version="0.6.0, --num-scheduler-steps 10, chunked prefill off",
+        **_LAMBDA_REPORT,
         setup="Same run as the 8B throughput point",
         caveats="Held out: not used to fit the constants. Multi-step scheduling admits prefills every 10 steps "
                 "where V1 mixes them into every step.",
-        scenario=_median_tpot_8b,
+        scenario=_sharegpt_burst_figure(LLAMA_8B, 1, "tpot_ms.p50"),
         held_out=True,
     ),
     CalibrationPoint(
@@ -237,13 +229,11 @@ CALIBRATION_POINTS: tuple[CalibrationPoint, ...] = (
         metric="median TPOT (ms) under saturating load",
         measured=61.10,
         tolerance_pct=15.0,
-        source=_LAMBDA_REPORT,
-        date="2024-09",
-        vllm_version="0.6.0, --num-scheduler-steps 10, chunked prefill off",
+        **_LAMBDA_REPORT,
         setup="Same run as the 70B throughput point: 256 sequences decoding, new prompts admitted as others finish",
         caveats="Multi-step scheduling batches prefills every 10 steps where V1 mixes them into every step; "
                 "median TPOT is less sensitive to that than mean ITL.",
-        scenario=_median_tpot_70b_tp4,
+        scenario=_sharegpt_burst_figure(LLAMA_70B, 4, "tpot_ms.p50"),
     ),
 )
 

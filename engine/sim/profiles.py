@@ -123,36 +123,32 @@ class ModelProfile:
 # Fitted constants (engine/sim/calibration.py, docs/engine-simulator.md): all five are fitted on the H100
 # points; the A100's bandwidth efficiency is fitted on its single-request point and the rest borrowed from
 # the H100; the H200 and L4 have no published point we could use and borrow the H100's values (uncalibrated).
+# Hence the other GPUs are the H100 with their own datasheet figures (and, for the A100, bandwidth efficiency).
+_H100 = HardwareProfile(
+    name="H100",
+    memory_bytes=GPU_MEMORY_GIB["H100"] * GIB,
+    bf16_flops=989e12,
+    fp8_flops=1979e12,
+    hbm_bandwidth=3.35e12,
+    interconnect_bandwidth=450e9 * 0.8,
+    interconnect_latency=8e-6,
+    mfu=0.42,
+    bandwidth_efficiency=0.80,
+    serial_fraction=0.85,
+    step_overhead=0.75e-3,
+    layer_overhead=15e-6,
+)
 HARDWARE_PROFILES: dict[str, HardwareProfile] = {
-    "H100": HardwareProfile(
-        name="H100",
-        memory_bytes=GPU_MEMORY_GIB["H100"] * GIB,
-        bf16_flops=989e12,
-        fp8_flops=1979e12,
-        hbm_bandwidth=3.35e12,
-        interconnect_bandwidth=450e9 * 0.8,
-        interconnect_latency=8e-6,
-        mfu=0.42,
-        bandwidth_efficiency=0.80,
-        serial_fraction=0.85,
-        step_overhead=0.75e-3,
-        layer_overhead=15e-6,
-    ),
-    "H200": HardwareProfile(
+    "H100": _H100,
+    # Same Hopper compute and NVLink 4 as the H100; more and faster HBM (HBM3e).
+    "H200": dataclasses.replace(
+        _H100,
         name="H200",
         memory_bytes=GPU_MEMORY_GIB["H200"] * GIB,
-        bf16_flops=989e12,
-        fp8_flops=1979e12,
         hbm_bandwidth=4.8e12,
-        interconnect_bandwidth=450e9 * 0.8,
-        interconnect_latency=8e-6,
-        mfu=0.42,
-        bandwidth_efficiency=0.80,
-        serial_fraction=0.85,
-        step_overhead=0.75e-3,
-        layer_overhead=15e-6,
     ),
-    "A100-80GB": HardwareProfile(
+    "A100-80GB": dataclasses.replace(
+        _H100,
         name="A100-80GB",
         memory_bytes=GPU_MEMORY_GIB["A100-80GB"] * GIB,
         bf16_flops=312e12,
@@ -160,13 +156,10 @@ HARDWARE_PROFILES: dict[str, HardwareProfile] = {
         hbm_bandwidth=2.039e12,
         interconnect_bandwidth=300e9 * 0.8,
         interconnect_latency=10e-6,
-        mfu=0.42,
-        bandwidth_efficiency=0.73,
-        serial_fraction=0.85,
-        step_overhead=0.75e-3,
-        layer_overhead=15e-6,
+        bandwidth_efficiency=0.73,  # fitted on the A100 single-request point
     ),
-    "L4": HardwareProfile(
+    "L4": dataclasses.replace(
+        _H100,
         name="L4",
         memory_bytes=GPU_MEMORY_GIB["L4"] * GIB,
         bf16_flops=121e12,
@@ -174,11 +167,6 @@ HARDWARE_PROFILES: dict[str, HardwareProfile] = {
         hbm_bandwidth=300e9,
         interconnect_bandwidth=32e9 * 0.7,  # PCIe Gen4 x16, no NVLink
         interconnect_latency=25e-6,
-        mfu=0.42,
-        bandwidth_efficiency=0.80,
-        serial_fraction=0.85,
-        step_overhead=0.75e-3,
-        layer_overhead=15e-6,
     ),
 }
 

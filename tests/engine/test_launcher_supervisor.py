@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import os
 import random
@@ -58,6 +59,16 @@ async def until(predicate, timeout: float = 10.0, what: str = "condition") -> No
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         await asyncio.sleep(0.02)
+
+
+@contextlib.asynccontextmanager
+async def supervising(tmp_path, *, seed: int, policy: SupervisorPolicy = FAST, **options):
+    """A Supervisor on free ports in ``tmp_path``, closed (every process stopped) on the way out."""
+    supervisor = Supervisor(tmp_path, base_port=free_base_port(), policy=policy, seed=seed, **options)
+    try:
+        yield supervisor
+    finally:
+        await supervisor.close()
 
 
 def run(coroutine):
@@ -122,8 +133,7 @@ def test_port_allocator_skips_ports_in_use_and_its_own():
 # ---------------------------------------------------------------------------------------------- real processes
 def test_replica_starts_healthy_and_reports_its_state(tmp_path):
     async def scenario():
-        supervisor = Supervisor(tmp_path, base_port=free_base_port(), policy=FAST, seed=1)
-        try:
+        async with supervising(tmp_path, seed=1) as supervisor:
             [replica] = supervisor.spawn_group("baseline", replicas=1, command_factory=fake(),
                                                config_version="cfg-000000000001", backend="simulator")
             assert await replica.wait_healthy(10)
@@ -137,8 +147,6 @@ def test_replica_starts_healthy_and_reports_its_state(tmp_path):
             assert "fake replica on" in log_text and "start #1" in log_text and "FAKE_REPLICA=1" in log_text
             assert supervisor.state()["processes"][0]["name"] == replica.name
             pid = replica.pid
-        finally:
-            await supervisor.close()
         assert not process_alive(pid)
         assert replica.state == STOPPED
     run(scenario())
@@ -149,9 +157,7 @@ def test_crash_restarts_with_backoff_then_stays_up(tmp_path):
     seen_states: list[str] = []
 
     async def scenario():
-        supervisor = Supervisor(tmp_path, base_port=free_base_port(), policy=FAST, seed=2,
-                                on_change=lambda p: seen_states.append(p.state))
-        try:
+        async with supervising(tmp_path, seed=2, on_change=lambda p: seen_states.append(p.state)) as supervisor:
             [replica] = supervisor.spawn_group(
                 "baseline", replicas=1, backend="simulator", config_version=None,
                 command_factory=fake("--starts-file", str(starts), "--fail-first", "3", "--crash-after", "0.3",
@@ -171,8 +177,6 @@ def test_crash_restarts_with_backoff_then_stays_up(tmp_path):
             os.kill(pid, signal.SIGKILL)
             await until(lambda: replica.restarts == 4 and replica.state == HEALTHY, what="restart after kill -9")
             assert replica.last_exit_code == -signal.SIGKILL and replica.pid != pid
-        finally:
-            await supervisor.close()
     run(scenario())
 
 
@@ -181,9 +185,7 @@ def test_failed_health_checks_restart_the_replica(tmp_path):
 
     async def scenario():
         states: list[str] = []
-        supervisor = Supervisor(tmp_path, base_port=free_base_port(), policy=FAST, seed=3,
-                                on_change=lambda p: states.append(p.state))
-        try:
+        async with supervising(tmp_path, seed=3, on_change=lambda p: states.append(p.state)) as supervisor:
             [replica] = supervisor.spawn_group(
                 "baseline", replicas=1, backend="simulator", config_version=None,
                 command_factory=fake("--starts-file", str(starts), "--fail-first", "1", "--unhealthy-after", "0.2"),
@@ -192,16 +194,13 @@ def test_failed_health_checks_restart_the_replica(tmp_path):
             assert UNHEALTHY in states and CRASHED in states
             assert replica.last_exit_code == 0  # stopped by our SIGTERM (the fake exits 0 on it)
             assert len(starts.read_text().splitlines()) == 2
-        finally:
-            await supervisor.close()
     run(scenario())
 
 
 def test_startup_timeout_and_missing_executable_are_reported(tmp_path):
     async def scenario():
         policy = dataclasses.replace(FAST, startup_timeout=0.5)
-        supervisor = Supervisor(tmp_path, base_port=free_base_port(), policy=policy, seed=4)
-        try:
+        async with supervising(tmp_path, policy=policy, seed=4) as supervisor:
             slow = supervisor.spawn(name="slow", group="g", role="replica", backend="simulator",
                                     port=supervisor.ports.allocate(), command_factory=fake("--startup-delay", "30"))
             missing = supervisor.spawn(
@@ -213,8 +212,6 @@ def test_startup_timeout_and_missing_executable_are_reported(tmp_path):
             await until(lambda: missing.restarts >= 1, what="retry of a missing executable")
             assert "cannot start '/nonexistent/vllm'" in missing.last_error
             assert missing.pid is None
-        finally:
-            await supervisor.close()
     run(scenario())
 
 
@@ -224,8 +221,7 @@ def test_replacement_drains_the_old_replica_before_stopping_it(tmp_path):
     events: list[str] = []
 
     async def scenario():
-        supervisor = Supervisor(tmp_path, base_port=free_base_port(), policy=FAST, seed=5)
-        try:
+        async with supervising(tmp_path, seed=5) as supervisor:
             [old] = supervisor.spawn_group("canary", replicas=1, command_factory=fake("--busy-file", str(busy)),
                                            config_version="cfg-old", backend="simulator")
             assert await old.wait_healthy(10)
@@ -250,8 +246,6 @@ def test_replacement_drains_the_old_replica_before_stopping_it(tmp_path):
             [new] = supervisor.processes(group="canary")
             assert new.config_version == "cfg-new" and new.port != old.port and new.name.endswith("g2-r1")
             assert supervisor.state()["retired"][-1]["name"] == old.name
-        finally:
-            await supervisor.close()
     run(scenario())
 
 
@@ -261,8 +255,7 @@ def test_drain_timeout_then_sigkill_for_a_replica_that_ignores_sigterm(tmp_path)
 
     async def scenario():
         policy = dataclasses.replace(FAST, terminate_grace=0.4)
-        supervisor = Supervisor(tmp_path, base_port=free_base_port(), policy=policy, seed=6)
-        try:
+        async with supervising(tmp_path, policy=policy, seed=6) as supervisor:
             [stubborn] = supervisor.spawn_group(
                 "g", replicas=1, backend="simulator", config_version=None,
                 command_factory=fake("--busy-file", str(busy), "--ignore-sigterm"))
@@ -271,15 +264,12 @@ def test_drain_timeout_then_sigkill_for_a_replica_that_ignores_sigterm(tmp_path)
             assert reason == "timeout"
             assert stubborn.state == STOPPED and stubborn.last_exit_code == -signal.SIGKILL
             assert not process_alive(stubborn.pid)
-        finally:
-            await supervisor.close()
     run(scenario())
 
 
 def test_failed_replacement_keeps_the_old_replicas_serving(tmp_path):
     async def scenario():
-        supervisor = Supervisor(tmp_path, base_port=free_base_port(), policy=FAST, seed=7)
-        try:
+        async with supervising(tmp_path, seed=7) as supervisor:
             [old] = supervisor.spawn_group("g", replicas=1, command_factory=fake(), config_version="a",
                                            backend="simulator")
             assert await old.wait_healthy(10)
@@ -305,8 +295,6 @@ def test_failed_replacement_keeps_the_old_replicas_serving(tmp_path):
                     ready_timeout=5.0, command_factory=fake())
             assert supervisor.processes(group="g") == [old] and old.state == HEALTHY
             assert all(p["state"] == STOPPED for p in supervisor.state()["retired"])
-        finally:
-            await supervisor.close()
     run(scenario())
 
 
