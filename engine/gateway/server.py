@@ -18,6 +18,7 @@ import signal
 import sys
 from pathlib import Path
 
+import prometheus_client
 from aiohttp import web
 
 from engine.cli_args import integer, non_negative_int, positive_float, positive_int
@@ -169,6 +170,8 @@ async def _run(settings: GatewaySettings, tracer_provider) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    # As vLLM's API server does: no `*_created` series next to every counter and histogram.
+    prometheus_client.disable_created_metrics()
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         settings = settings_from_args(args)

@@ -14,6 +14,8 @@ import asyncio
 import logging
 import sys
 
+import prometheus_client
+
 from engine.cli_args import integer, non_negative_float, port_number
 from engine.config import ConfigError, EngineConfig
 from engine.replica.server import DEFAULT_SHUTDOWN_TIMEOUT, ReplicaServer, run_replica
@@ -50,6 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    # As vLLM's API server does: no `*_created` series next to every counter and histogram.
+    prometheus_client.disable_created_metrics()
     logging.basicConfig(
         level=getattr(logging, args.log_level.upper()),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
