@@ -19,6 +19,8 @@ _MAX_COUNT = 2**31 - 1
 
 def as_float(value: Any) -> float | None:
     """A finite number from an int, float or numeric string; bools and everything else are None."""
+    if value is None:  # the usual case for optional attributes; skip the type tests
+        return None
     if value.__class__ is bool:
         return None
     if isinstance(value, float):
@@ -43,6 +45,8 @@ def seconds_as_ms(value: Any) -> float | None:
 
 def as_count(value: Any) -> int | None:
     """A whole number in [0, 2**31) (token counts); fractional, negative or absurd values are None."""
+    if value is None:
+        return None
     if value.__class__ is bool:
         return None
     if isinstance(value, int):
@@ -55,6 +59,8 @@ def as_count(value: Any) -> int | None:
 
 def as_text(value: Any) -> str | None:
     """A non-blank string; integers (ids sent as numbers) are rendered, anything else is None."""
+    if value is None:
+        return None
     if isinstance(value, str):
         return value if value.strip() else None
     if isinstance(value, int) and value.__class__ is not bool:
@@ -64,6 +70,8 @@ def as_text(value: Any) -> str | None:
 
 def as_flag(value: Any) -> bool | None:
     """A bool from a bool, 0/1, or the words true/false/yes/no/1/0 in any case."""
+    if value is None:
+        return None
     if value.__class__ is bool:
         return value
     if value.__class__ is int:

@@ -16,14 +16,21 @@ from collections import Counter
 from typing import Any
 
 from google.protobuf.message import DecodeError
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-from opentelemetry.proto.common.v1.common_pb2 import InstrumentationScope
-from opentelemetry.proto.resource.v1.resource_pb2 import Resource
-from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
 from collectors.base import SpanEvent, SpanView
 
 from .limits import MalformedPayload
+from .otlp_raw import (
+    BadValue,
+    ExportTraceServiceRequest,
+    InstrumentationScope,
+    Resource,
+    Span,
+    decode_scalar,
+    parse_any_value,
+    parse_key_value,
+    unpack_double,
+)
 
 _ZERO_TRACE = "0" * 32
 _ZERO_SPAN = "0" * 16
@@ -114,30 +121,93 @@ def _pb_value(value, trimmer: _Trimmer, depth: int = 0) -> Any:
     return None
 
 
+# Decoded attributes by their serialized KeyValue. Most attributes repeat from span to span
+# (service, model, operation, server address, settings, token counts), and a dict lookup on the
+# bytes is several times cheaper than decoding them. Only entries whose decoding had no side
+# effect are kept (an immutable scalar, a valid key, nothing truncated), so a hit is exactly a
+# decode. Long attributes (prompts, payloads) rarely repeat and are not kept; the cache is
+# cleared when full, as unique values (ids) would otherwise grow it without bound: at most
+# 50,000 entries of at most 256 bytes, a few MiB.
+_KV_CACHE: dict[bytes, tuple[str, Any]] = {}
+_KV_CACHE_MAX = 50_000
+_KV_CACHE_ENTRY_MAX = 256
+
+
 def _pb_attributes(attributes, trimmer: _Trimmer) -> dict[str, Any]:
+    """Attributes given as serialized KeyValues (see otlp_raw), decoded in wire order.
+
+    Raises BadValue for an attribute the generated classes would have refused to parse."""
     limit = trimmer.limits.max_attributes
     if len(attributes) > limit:
         trimmer.dropped += len(attributes) - limit
         attributes = attributes[:limit]
     out = {}
+    cached = _KV_CACHE.get
     for kv in attributes:
-        key = kv.key
-        value = kv.value
-        kind = value.WhichOneof("value")
-        # The common scalar cases inline; everything else through _pb_value.
-        if kind == "string_value":
-            text = value.string_value
-            out[key] = text if len(text) <= 1024 else trimmer.text(text)
-        elif kind == "double_value":
-            number = value.double_value
-            out[key] = number if number - number == 0.0 else repr(number)
-        elif kind == "int_value":
-            out[key] = value.int_value
+        hit = cached(kv)
+        if hit is not None:
+            out[hit[0]] = hit[1]
+            continue
+        # KeyValue = 0x0A len key 0x12 len AnyValue; lengths under 128 (one byte) or under 16384
+        # (two bytes) are read here, anything else by the real message class.
+        n = len(kv)
+        raw = None
+        if n > 3 and kv[0] == 0x0A and kv[1] < 0x80:
+            p = 2 + kv[1]
+            if p + 1 < n and kv[p] == 0x12:
+                length = kv[p + 1]
+                q = p + 2
+                if length >= 0x80 and q < n and kv[q] < 0x80:
+                    length = (length & 0x7F) | (kv[q] << 7)
+                    q += 1
+                if length < 0x4000 and q + length == n:
+                    try:
+                        key = kv[2:p].decode("utf-8")
+                    except UnicodeDecodeError:
+                        raise BadValue("invalid UTF-8 in an attribute key") from None
+                    raw = kv[q:]
+        cacheable = True
+        if raw is None:
+            # Not the usual layout (fields out of order or repeated, unknown fields, long lengths):
+            # the generated class decides, repeated values merging as protobuf says.
+            key, message = parse_key_value(kv)
+            value = _pb_value(message, trimmer)
+            cacheable = False
         else:
-            out[key] = _pb_value(value, trimmer)
+            n = len(raw)
+            # The two commonest value shapes inline: a string under 128 bytes (tag, one length
+            # byte, text) and a double (tag, 8 bytes). The rest through decode_scalar / AnyValue.
+            if n < 130 and n > 1 and raw[0] == 0x0A and raw[1] == n - 2:
+                try:
+                    value = raw[2:].decode("utf-8")
+                except UnicodeDecodeError:
+                    raise BadValue("invalid UTF-8 in a string value") from None
+            elif n == 9 and raw[0] == 0x21:
+                value = unpack_double(raw, 1)[0]
+                if value - value != 0.0:
+                    value = repr(value)
+                # Doubles are mostly measurements (latencies, scores), rarely seen twice, and
+                # cheap to decode: caching them would only churn the cache.
+                cacheable = False
+            else:
+                kind, value = decode_scalar(raw)
+                if kind is None:
+                    value = _pb_value(parse_any_value(raw), trimmer)
+                    cacheable = False  # lists and dicts are mutable; bytes and nested values may be trimmed
+                elif kind == "string_value":
+                    if len(value) > 1024:
+                        value = trimmer.text(value)
+                        cacheable = False
+                elif kind == "double_value":
+                    value = _finite_or_text(value)
+        out[key] = value
         if len(key) > _MAX_KEY_BYTES or not key:
             del out[key]
             trimmer.dropped += 1
+        elif cacheable and len(kv) <= _KV_CACHE_ENTRY_MAX:
+            if len(_KV_CACHE) >= _KV_CACHE_MAX:
+                _KV_CACHE.clear()
+            _KV_CACHE[kv] = (key, value)
     return out
 
 
@@ -153,80 +223,130 @@ def _check_times(start: int, end: int, limits: Limits, now_ns: int) -> str | Non
     return None
 
 
-def _pb_span(span, resource: dict, scope_name: str, scope_version: str, limits: Limits, now_ns: int, out: Decoded,
-             trimmer: _Trimmer) -> None:
-    trace_id = span.trace_id
-    span_id = span.span_id
-    parent = span.parent_span_id
-    if len(trace_id) != 16 or len(span_id) != 8 or (parent and len(parent) != 8):
-        out.rejected["invalid trace or span id"] += 1
-        return
-    trace_hex = trace_id.hex()
-    span_hex = span_id.hex()
-    if trace_hex == _ZERO_TRACE or span_hex == _ZERO_SPAN:
-        out.rejected["invalid trace or span id"] += 1
-        return
-    start = span.start_time_unix_nano
-    end = span.end_time_unix_nano
-    problem = _check_times(start, end, limits, now_ns)
-    if problem:
-        out.rejected[problem] += 1
-        return
-    before = trimmer.dropped
-    attributes = _pb_attributes(span.attributes, trimmer)
-    events = []
-    if span.events:
-        raw_events = span.events
-        if len(raw_events) > limits.max_events:
-            trimmer.dropped += len(raw_events) - limits.max_events
-            raw_events = raw_events[: limits.max_events]
-        events = [SpanEvent(e.time_unix_nano, trimmer.text(e.name), _pb_attributes(e.attributes, trimmer)) for e in raw_events]
-    status = span.status
-    name = span.name
-    if len(name) > 1024:
-        name = trimmer.text(name)[:1024]
-    kind = span.kind
-    code = status.code
-    out.spans.append(
-        SpanView(
-            trace_hex,
-            span_hex,
-            parent.hex() if parent else "",
-            name,
-            kind if 0 <= kind <= 5 else 0,
-            start,
-            end,
-            code if 0 <= code <= 2 else 0,
-            trimmer.text(status.message) if status.message else "",
-            attributes,
-            events,
-            resource,
-            scope_name,
-            scope_version,
-            [(link.trace_id.hex(), link.span_id.hex()) for link in span.links[: limits.max_events]] if span.links else [],
+class _SpanContext:
+    """What every span of one request is checked against, computed once per request."""
+
+    __slots__ = ("limits", "now_ns", "earliest", "latest", "max_duration", "out", "trimmer")
+
+    def __init__(self, limits: Limits, now_ns: int, out: Decoded, trimmer: _Trimmer):
+        self.limits = limits
+        self.now_ns = now_ns
+        self.earliest = max(now_ns - limits.max_age_s * 1_000_000_000, 1)
+        self.latest = now_ns + limits.max_future_s * 1_000_000_000
+        self.max_duration = limits.max_duration_s * 1_000_000_000
+        self.out = out
+        self.trimmer = trimmer
+
+
+def _pb_spans(spans, resource: dict, scope_name: str, scope_version: str, ctx: _SpanContext) -> None:
+    """Validate and convert the spans of one scope, appending to ctx.out."""
+    out = ctx.out
+    trimmer = ctx.trimmer
+    limits = ctx.limits
+    earliest, latest, max_duration = ctx.earliest, ctx.latest, ctx.max_duration
+    rejected = out.rejected
+    append_span = out.spans.append
+    append_dropped = out.dropped.append
+    for span in spans:
+        before = trimmer.dropped
+        # Attribute values first: a bad one used to fail the parse of the span before any other
+        # check could run, so "malformed" wins over every other reason, as it did.
+        try:
+            attributes = _pb_attributes(span.attributes, trimmer)
+            events = []
+            if span.events:
+                raw_events = span.events
+                if len(raw_events) > limits.max_events:
+                    trimmer.dropped += len(raw_events) - limits.max_events
+                    raw_events = raw_events[: limits.max_events]
+                events = [SpanEvent(e.time_unix_nano, trimmer.text(e.name), _pb_attributes(e.attributes, trimmer))
+                          for e in raw_events]
+        except BadValue:
+            trimmer.dropped = before
+            rejected["invalid UTF-8 or malformed span"] += 1
+            continue
+        trace_id = span.trace_id
+        span_id = span.span_id
+        parent = span.parent_span_id
+        if len(trace_id) != 16 or len(span_id) != 8 or (parent and len(parent) != 8):
+            trimmer.dropped = before
+            rejected["invalid trace or span id"] += 1
+            continue
+        trace_hex = trace_id.hex()
+        span_hex = span_id.hex()
+        if trace_hex == _ZERO_TRACE or span_hex == _ZERO_SPAN:
+            trimmer.dropped = before
+            rejected["invalid trace or span id"] += 1
+            continue
+        start = span.start_time_unix_nano
+        end = span.end_time_unix_nano
+        # One chained comparison for the usual case; _check_times names the problem otherwise.
+        if not (earliest <= start <= latest and start <= end and end - start <= max_duration):
+            problem = _check_times(start, end, limits, ctx.now_ns)
+            if problem:
+                trimmer.dropped = before
+                rejected[problem] += 1
+                continue
+        status = span.status
+        name = span.name
+        if len(name) > 1024:
+            name = trimmer.text(name)[:1024]
+        kind = span.kind
+        code = status.code
+        message = status.message
+        append_span(
+            SpanView(
+                trace_hex,
+                span_hex,
+                parent.hex() if parent else "",
+                name,
+                kind if 0 <= kind <= 5 else 0,
+                start,
+                end,
+                code if 0 <= code <= 2 else 0,
+                trimmer.text(message) if message else "",
+                attributes,
+                events,
+                resource,
+                scope_name,
+                scope_version,
+                [(link.trace_id.hex(), link.span_id.hex()) for link in span.links[: limits.max_events]] if span.links else [],
+            )
         )
-    )
-    out.dropped.append(trimmer.dropped - before + span.dropped_attributes_count)
+        append_dropped(trimmer.dropped - before + span.dropped_attributes_count)
+
+
+def _resource_attributes(resource, trimmer: _Trimmer) -> dict | None:
+    """The resource's attributes, or None when one of them is bad (its spans are then rejected)."""
+    before = trimmer.dropped
+    try:
+        return _pb_attributes(resource.attributes, trimmer)
+    except BadValue:
+        trimmer.dropped = before
+        return None
 
 
 def decode_protobuf(data: bytes, limits: Limits, now_ns: int | None = None) -> Decoded:
     now_ns = now_ns or time.time_ns()
     out = Decoded([], [], Counter())
     trimmer = _Trimmer(limits)
+    ctx = _SpanContext(limits, now_ns, out, trimmer)
     try:
         request = ExportTraceServiceRequest.FromString(data)
     except DecodeError:
-        # Usually bad UTF-8 in one string: re-read span by span so only the bad spans are lost.
-        _decode_protobuf_tolerant(data, limits, now_ns, out, trimmer)
+        # Usually bad UTF-8 in a name (attribute values are only read below, span by span): re-read
+        # span by span so only the bad spans are lost.
+        _decode_protobuf_tolerant(data, ctx)
         out.truncated = trimmer.dropped
         return out
     for resource_spans in request.resource_spans:
-        resource = _pb_attributes(resource_spans.resource.attributes, trimmer)
+        resource = _resource_attributes(resource_spans.resource, trimmer)
         for scope_spans in resource_spans.scope_spans:
+            if resource is None:
+                out.rejected["invalid UTF-8 or malformed resource/scope"] += len(scope_spans.spans)
+                continue
             scope = scope_spans.scope
-            scope_name, scope_version = scope.name, scope.version
-            for span in scope_spans.spans:
-                _pb_span(span, resource, scope_name, scope_version, limits, now_ns, out, trimmer)
+            _pb_spans(scope_spans.spans, resource, scope.name, scope.version, ctx)
     out.truncated = trimmer.dropped
     return out
 
@@ -270,9 +390,10 @@ def _fields(data: bytes):
         yield number, wire, value
 
 
-def _decode_protobuf_tolerant(data: bytes, limits: Limits, now_ns: int, out: Decoded, trimmer: _Trimmer) -> None:
+def _decode_protobuf_tolerant(data: bytes, ctx: _SpanContext) -> None:
     # ExportTraceServiceRequest.resource_spans = 1; ResourceSpans.resource = 1, scope_spans = 2;
     # ScopeSpans.scope = 1, spans = 2.
+    out = ctx.out
     for number, wire, resource_spans in _fields(data):
         if number != 1 or wire != 2:
             continue
@@ -284,7 +405,7 @@ def _decode_protobuf_tolerant(data: bytes, limits: Limits, now_ns: int, out: Dec
             elif rnum == 2 and rwire == 2:
                 scopes.append(rvalue)
         try:
-            resource = _pb_attributes(Resource.FromString(resource_raw).attributes, trimmer)
+            resource = _resource_attributes(Resource.FromString(resource_raw), ctx.trimmer)
         except DecodeError:
             resource = None
         for scope_spans in scopes:
@@ -308,7 +429,7 @@ def _decode_protobuf_tolerant(data: bytes, limits: Limits, now_ns: int, out: Dec
                 except DecodeError:
                     out.rejected["invalid UTF-8 or malformed span"] += 1
                     continue
-                _pb_span(span, resource, scope.name, scope.version, limits, now_ns, out, trimmer)
+                _pb_spans((span,), resource, scope.name, scope.version, ctx)
 
 
 # -- OTLP JSON -----------------------------------------------------------------------------------

@@ -43,9 +43,12 @@ _MAX_NS = (1 << 63) - 1
 _encode = json.JSONEncoder(allow_nan=False, separators=(",", ":")).encode
 
 
+_NS_TEXT_MIN = 1_000_000_000_000_000_000
+
+
 def ns_text(ns: int) -> str:
     """Nanoseconds since the epoch as text ClickHouse reads into DateTime64(9) unambiguously."""
-    if ns >= 1_000_000_000_000_000_000:
+    if ns >= _NS_TEXT_MIN:
         return f"{ns // 1_000_000_000}.{ns % 1_000_000_000:09d}"
     # Fewer than 10 digits of seconds (before 2001-09-09, e.g. an unset event time 0) would be read
     # as a date; spell those out.
@@ -53,31 +56,42 @@ def ns_text(ns: int) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(seconds)) + f".{fraction:09d}"
 
 
-def span_row(project_id: int, retention_days: int, span: SpanView, dropped: int, convention: str) -> list:
+# orjson writes a tuple as a JSON array: spans without events or links share these instead of
+# allocating five empty lists each.
+_NO_ITEMS = ()
+
+
+def span_row(project_id: int, retention_days: int, span: SpanView, dropped: int, convention: str,
+             service: str | None = None) -> list:
+    """The spans row; `service` may be given when the caller already knows span.service (it is the
+    same for every span of a resource)."""
     events = span.events
     links = span.links
+    start = span.start_ns
+    end = span.end_ns
     return [
         project_id,
         span.trace_id,
         span.span_id,
         span.parent_span_id,
-        ns_text(span.start_ns),
-        ns_text(span.end_ns),
+        # ns_text inlined for the usual case (every accepted span starts within days of now).
+        f"{start // 1_000_000_000}.{start % 1_000_000_000:09d}" if start >= _NS_TEXT_MIN else ns_text(start),
+        f"{end // 1_000_000_000}.{end % 1_000_000_000:09d}" if end >= _NS_TEXT_MIN else ns_text(end),
         span.name,
         span.kind,
         span.status_code,
         span.status_message,
-        span.service,
+        span.service if service is None else service,
         span.scope_name,
         span.scope_version,
         span.resource,
         span.attributes,
-        [ns_text(e.time_ns if 0 <= e.time_ns <= _MAX_NS else 0) for e in events] if events else [],
-        [e.name for e in events] if events else [],
-        [e.attributes for e in events] if events else [],
-        [t for t, _ in links] if links else [],
-        [s for _, s in links] if links else [],
-        min(dropped, _UINT32),
+        [ns_text(e.time_ns if 0 <= e.time_ns <= _MAX_NS else 0) for e in events] if events else _NO_ITEMS,
+        [e.name for e in events] if events else _NO_ITEMS,
+        [e.attributes for e in events] if events else _NO_ITEMS,
+        [t for t, _ in links] if links else _NO_ITEMS,
+        [s for _, s in links] if links else _NO_ITEMS,
+        dropped if dropped <= _UINT32 else _UINT32,
         convention,
         retention_days,
     ]
@@ -130,11 +144,15 @@ def _finite(value: Any) -> Any:
 
 
 def encode_rows(rows: list[list]) -> bytes:
-    """JSONCompactEachRow bytes for these rows (orjson: ~10x the stdlib encoder on these rows)."""
+    """JSONCompactEachRow bytes for these rows (orjson: ~10x the stdlib encoder on these rows).
+
+    Rows are separated by commas (`[...],[...]`), which JSONCompactEachRow reads like newlines:
+    the whole batch is then one orjson call with the brackets cut off, ~25% cheaper than one call
+    per row. Batches are joined with newlines by their consumers."""
     if not rows:
         return b""
     try:
         # orjson writes NaN/Infinity as null; doubles from OTLP were already made text by the decoder.
-        return b"\n".join(map(orjson.dumps, rows))
+        return orjson.dumps(rows)[1:-1]
     except TypeError:  # an integer beyond 64 bits (OTLP-JSON allows any): the stdlib writes it as text
         return "\n".join(_encode(_finite(row)) for row in rows).encode()

@@ -140,15 +140,21 @@ def build_record(identity: IngestIdentity, decoded: Decoded) -> tuple[tuple, tup
     call_rows = []
     calls = []
     edges = []
+    add_span_row = span_rows.append
+    add_edge = edges.append
+    resource = service = None
     for span, dropped in zip(decoded.spans, decoded.dropped):
+        if span.resource is not resource:  # spans of one resource share its dict: resolve its service once
+            resource = span.resource
+            service = span.service
         call = normalise_span(span)
         if call is None:
-            span_rows.append(span_row(project_id, retention, span, dropped, ""))
+            add_span_row(span_row(project_id, retention, span, dropped, "", service))
         else:
-            span_rows.append(span_row(project_id, retention, span, dropped, call.convention))
+            add_span_row(span_row(project_id, retention, span, dropped, call.convention, service))
             call_rows.append(call_row(project_id, retention, call))
             calls.append(call)
-        edges.append((span.trace_id, span.span_id, span.parent_span_id))
+        add_edge((span.trace_id, span.span_id, span.parent_span_id))
     if decoded.truncated:
         metrics.ATTRIBUTES_TRUNCATED.inc(decoded.truncated)
     trace_ids = sorted({edge[0] for edge in edges})

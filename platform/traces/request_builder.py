@@ -98,16 +98,21 @@ class TraceMemory:
     def add(self, project_id: int, retention_days: int, calls: list[LLMCall], edges: list[tuple[str, str, str]]) -> None:
         with self._lock:
             traces = self._traces
+            # The spans of one trace come several per batch: look each trace up in the LRU once.
+            batch: dict[str, tuple] = {}
             for trace_id, span_id, parent in edges:
-                key = (project_id, trace_id)
-                entry = traces.get(key)
+                entry = batch.get(trace_id)
                 if entry is None:
-                    entry = traces[key] = ({}, {}, retention_days)
-                else:
-                    traces.move_to_end(key)
+                    key = (project_id, trace_id)
+                    entry = traces.get(key)
+                    if entry is None:
+                        entry = traces[key] = ({}, {}, retention_days)
+                    else:
+                        traces.move_to_end(key)
+                    batch[trace_id] = entry
                 entry[1][span_id] = parent
             for call in calls:
-                entry = traces.get((project_id, call.trace_id))
+                entry = batch.get(call.trace_id)
                 if entry is not None:
                     entry[0][call.span_id] = call
             while len(traces) > self.max_traces:
@@ -293,11 +298,15 @@ class RequestBuilder(threading.Thread):
     def run(self) -> None:
         backoff = 0.5
         first = True
+        started = time.monotonic()
         while not self._stop_event.is_set():
             if not first:
-                self._wake.wait(self.interval)
+                # Cycles start every `interval`; a cycle that took longer is followed at once by the
+                # next (sleeping a whole interval after it left the backlog growing under load).
+                self._wake.wait(max(0.0, self.interval - (time.monotonic() - started)))
                 self._wake.clear()
             first = False
+            started = time.monotonic()
             try:
                 self._prepare()
                 self.cycle()

@@ -15,6 +15,7 @@ from clickhouse_connect.driver.exceptions import ClickHouseError
 log = logging.getLogger(__name__)
 
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_JSON_OUTPUT_SETTINGS = "output_format_json_quote_64bit_integers = 0, output_format_json_quote_denormals = 0"
 
 
 class StoreUnavailable(Exception):
@@ -160,14 +161,19 @@ class ClickHouseStore:
         self._run(lambda c: c.raw_insert(target, list(column_names), insert_block=data, settings=settings, fmt=fmt))
 
     def query_json(self, sql: str, *, project_id: int, parameters: dict[str, Any] | None = None) -> list[list]:
-        """Like query(), decoding the rows with the C JSON parser: much faster for large results."""
+        """Like query(), decoding the rows with the C JSON parser: much faster for large results.
+        `sql` must not have a SETTINGS clause of its own."""
         params = _tenant_parameters(sql, project_id, parameters)
-        raw = self._run(lambda c: c.raw_query(sql, parameters=params, fmt="JSONCompactEachRow",
-                                              settings={"output_format_json_quote_64bit_integers": 0,
-                                                        "output_format_json_quote_denormals": 0}))
+        # The output settings go in the statement: passed as settings, the embedded (chdb) driver
+        # reads system.settings, SETs each one and restores it afterwards, five extra queries per
+        # call that cost more than the decomposition's own small queries.
+        sql = f"{sql} SETTINGS {_JSON_OUTPUT_SETTINGS}"
+        raw = self._run(lambda c: c.raw_query(sql, parameters=params, fmt="JSONCompactEachRow"))
         if not raw:
             return []
-        return [orjson.loads(line) for line in raw.splitlines() if line]
+        # One orjson call for the whole answer (rows are one JSON array per line, never containing a
+        # raw newline) instead of one per row.
+        return orjson.loads(b"[" + raw.strip().replace(b"\n", b",") + b"]")
 
     def close(self) -> None:
         if self._chdb_client is not None:
@@ -186,7 +192,40 @@ def _tenant_parameters(sql: str, project_id: int, parameters: dict[str, Any] | N
         raise TenantFilterMissing("tenant queries must filter on project_id = {project_id:UInt32}")
     params = dict(parameters or {})
     params["project_id"] = int(project_id)
+    for name, value in params.items():
+        if value.__class__ is list and value:
+            params[name] = _string_array(value)
     return params
+
+
+class _ArrayLiteral:
+    """A bound array rendered once by us; clickhouse-connect binds objects it does not know by str()."""
+
+    __slots__ = ("text",)
+
+    def __init__(self, text: str):
+        self.text = text
+
+    def __str__(self) -> str:
+        return self.text
+
+
+# What clickhouse-connect escapes inside a quoted string (binding.must_escape), apart from the quote.
+_MUST_ESCAPE = ("\\", "`", "\t", "\n")
+
+
+def _string_array(values: list):
+    """A list of strings as the literal clickhouse-connect would render, `['a', 'b']`, built with one
+    join when no element needs escaping. Its own rendering escapes character by character in a
+    Python generator (~3 µs per 32-character trace id), which made binding the trace ids of a
+    decomposition cycle a visible share of ingest's CPU. Anything else is returned unchanged."""
+    try:
+        joined = "', '".join(values)
+    except TypeError:  # not all strings
+        return values
+    if joined.count("'") != 2 * (len(values) - 1) or any(c in joined for c in _MUST_ESCAPE):
+        return values  # some element holds a character that needs escaping
+    return _ArrayLiteral(f"['{joined}']")
 
 
 def _is_connection_error(exc: Exception) -> bool:
