@@ -82,7 +82,10 @@ class EngineCompanion:
                  project: str = "default"):
         self.fleet = fleet
         self.load_rate = load_rate
-        self.env = {**os.environ, **engine_environment(project, http_bind)}
+        wiring = engine_environment(project, http_bind)
+        if fleet or os.environ.get("ENGINE_FLEET"):
+            wiring.pop("ENGINE_RUN_DIR")  # a fleet file of one's own keeps its own run_dir
+        self.env = {**wiring, **os.environ}  # what the user set wins over the platform's wiring
         self.load_process = None
         self.started = False
 
@@ -154,7 +157,10 @@ def fleet_state() -> dict:
     from engine.launcher.fleet import FleetSpec, FleetSpecError, read_state_file
 
     env = dict(os.environ)
-    env.setdefault("ENGINE_RUN_DIR", str(Path(settings.DATA_DIR) / "engine"))
+    if not env.get("ENGINE_FLEET"):
+        # The default fleet runs from the platform's data directory (as `manage.py engine up` starts it);
+        # a fleet file of one's own keeps its own run_dir.
+        env.setdefault("ENGINE_RUN_DIR", str(Path(settings.DATA_DIR) / "engine"))
     try:
         spec = FleetSpec.load(default_fleet_file(), env=env)
     except FleetSpecError as exc:

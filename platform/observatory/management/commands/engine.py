@@ -21,6 +21,8 @@ def apply_engine_environment(argv: list[str], *, project: str = "default") -> No
         from django.conf import settings
 
         wiring = {"ENGINE_RUN_DIR": os.path.join(str(settings.DATA_DIR), "engine")}
+    if "--fleet" in argv or any(a.startswith("--fleet=") for a in argv) or os.environ.get("ENGINE_FLEET"):
+        wiring.pop("ENGINE_RUN_DIR", None)  # a fleet file of one's own keeps its own run_dir
     for name, value in wiring.items():
         os.environ.setdefault(name, value)
 
