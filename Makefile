@@ -69,6 +69,8 @@ bench: $(INSTALLED)
 	$(VENV_PYTHON) -m observatory.bench.summary
 	$(VENV_PYTHON) -m engine.bench.sim
 	$(VENV_PYTHON) -m engine.bench.gateway
+	$(VENV_PYTHON) -m slo.bench
+	$(VENV_PYTHON) -m alerts.bench
 
 lint: $(INSTALLED)
 	$(VENV)/bin/ruff check .

@@ -1,10 +1,98 @@
-"""The Celery application; its broker comes from settings (Redis/RabbitMQ, or the local filesystem when embedded)."""
+"""The Celery application: broker from settings (Redis/RabbitMQ, or the local filesystem when embedded), queues, beat schedule.
+
+Server mode:  celery -A observatory.celery_app worker      (consumes every queue below)
+              celery -A observatory.celery_app beat        (one beat; a second one is harmless: work is
+                                                            claimed in the database, never in the broker)
+Embedded mode, and whenever ClickHouse is chdb: `runplatform` runs a thread-pool worker and the beat
+itself (observatory/background.py, OBSERVATORY_INPROCESS_WORKER), because only that process may open chdb.
+"""
+import hashlib
 import os
+import re
 
 from celery import Celery
+from kombu import Exchange, Queue
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "observatory.settings")
 
 app = Celery("observatory")
 app.config_from_object("django.conf:settings", namespace="CELERY")
-app.autodiscover_tasks()
+
+# The apps whose tasks.py this worker loads (explicit: autodiscovery would import every installed app).
+TASK_MODULES = ("slo.tasks", "alerts.tasks", "notify.tasks")
+QUEUES = ("slo", "alerts", "notify")
+
+
+def queue_prefix() -> str:
+    """Queues are namespaced so that two deployments (or two test platforms) sharing one broker never take
+    each other's tasks, whose work is "everything in my database"."""
+    from django.conf import settings
+
+    return namespace(getattr(settings, "CELERY_QUEUE_PREFIX", None), settings.CELERY_BROKER_URL,
+                     settings.DATABASES["default"])
+
+
+def namespace(explicit: str | None, broker_url: str, database: dict) -> str:
+    """CELERY_QUEUE_PREFIX if set; none with the per-data-directory filesystem broker; else the metadata
+    database's name (PostgreSQL) or a hash of its path (SQLite)."""
+    if explicit is not None:
+        return explicit
+    if broker_url.startswith("filesystem://"):
+        return ""
+    name = str(database.get("NAME") or "")
+    if database["ENGINE"].endswith("sqlite3"):
+        return f"obs-{hashlib.sha256(name.encode()).hexdigest()[:10]}."
+    return re.sub(r"[^A-Za-z0-9_-]", "_", name) + "."
+
+
+def queue_name(short: str) -> str:
+    return f"{queue_prefix()}{short}"
+
+
+def beat_schedule() -> dict:
+    """The one beat schedule: SLO evaluation and alert checks every minute, due webhook deliveries every 10 s."""
+    from django.conf import settings
+
+    slo = getattr(settings, "SLO", {})
+    every = float(slo.get("EVALUATE_INTERVAL_SECONDS", 60.0))
+    deliver_every = float(getattr(settings, "NOTIFY", {}).get("DELIVER_INTERVAL_SECONDS", 10.0))
+    # A tick that waited in the broker (worker down or busy) expires: the next one does the same work. Not
+    # sooner than 30 s, so that a slow broker poll under load does not discard every short-interval tick.
+    def options(queue: str, interval: float) -> dict:
+        return {"queue": queue_name(queue), "expires": max(interval, 30.0)}
+
+    return {
+        "slo-evaluate-all": {"task": "slo.evaluate_all", "schedule": every, "options": options("slo", every)},
+        "alerts-detect-regressions": {"task": "alerts.detect_regressions", "schedule": every,
+                                      "options": options("alerts", every)},
+        "alerts-check-repeats": {"task": "alerts.check_repeats", "schedule": every,
+                                 "options": options("alerts", every)},
+        "notify-deliver-due": {"task": "notify.deliver_due", "schedule": deliver_every,
+                               "options": options("notify", deliver_every)},
+    }
+
+
+def _configure(sender=None, **kwargs) -> None:
+    from django.conf import settings
+
+    # One direct exchange per queue, named like it: routing never depends on Celery's default exchange.
+    app.conf.task_queues = tuple(
+        Queue(queue_name(q), Exchange(queue_name(q), type="direct"), routing_key=queue_name(q)) for q in QUEUES
+    )
+    app.conf.task_default_queue = queue_name("slo")
+    app.conf.task_default_exchange = queue_name("slo")
+    app.conf.task_default_routing_key = queue_name("slo")
+    app.conf.task_routes = {f"{q}.*": {"queue": queue_name(q), "exchange": queue_name(q), "routing_key": queue_name(q)}
+                            for q in QUEUES}
+    app.conf.beat_schedule = beat_schedule()
+    app.conf.beat_schedule_filename = str(settings.DATA_DIR / "celerybeat-schedule")
+    app.conf.worker_hijack_root_logger = False
+    if settings.CELERY_BROKER_URL.startswith("filesystem://"):
+        # kombu's own filesystem transport lets a consumer read a message file before it is written
+        app.conf.broker_transport = "observatory.fs_broker:Transport"
+        if settings.CELERY_BROKER_URL == "filesystem://":
+            app.conf.broker_url = "filesystem://localhost/"  # the host is unused; kombu warns without one
+
+
+app.on_after_configure.connect(_configure, weak=False)
+app.autodiscover_tasks(lambda: [m.rsplit(".", 1)[0] for m in TASK_MODULES])

@@ -177,6 +177,8 @@ CELERY_BROKER_TRANSPORT_OPTIONS = (
         "data_folder_in": str(_fs_broker / "out"),
         "data_folder_out": str(_fs_broker / "out"),
         "processed_folder": str(_fs_broker / "processed"),
+        # Broadcast/pidbox exchanges; kombu's default is ./control in the working directory.
+        "control_folder": str(_fs_broker / "control"),
         "store_processed": False,
     }
     if CELERY_BROKER_URL == "filesystem://"
@@ -187,6 +189,64 @@ CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_ALWAYS_EAGER = envbool("CELERY_TASK_ALWAYS_EAGER", False)
+# Unset: queues namespaced by the metadata database when the broker is shared (observatory/celery_app.py).
+CELERY_QUEUE_PREFIX = env("CELERY_QUEUE_PREFIX")
+# The Celery worker (thread pool) and beat inside `runplatform`: on by default when ClickHouse is chdb, whose
+# data directory only that process may open (docs/slo.md).
+OBSERVATORY_INPROCESS_WORKER = envbool("OBSERVATORY_INPROCESS_WORKER", EMBEDDED_MODE)
+OBSERVATORY_INPROCESS_WORKER_THREADS = envint("OBSERVATORY_INPROCESS_WORKER_THREADS", 4)
+
+# SLO evaluation (platform/slo, docs/slo.md).
+SLO = {
+    "EVALUATE_INTERVAL_SECONDS": envfloat("SLO_EVALUATE_INTERVAL_SECONDS", 60.0),
+    "SETTLE_SECONDS": envfloat("SLO_SETTLE_SECONDS", 120.0),
+    "BUILD_BUDGET_SECONDS": envfloat("SLO_BUILD_BUDGET_SECONDS", 20.0),
+    "STATUS_RETENTION_DAYS": envint("SLO_STATUS_RETENTION_DAYS", 90),
+}
+
+# Notification channels and webhook delivery (platform/notify, docs/notify.md).
+NOTIFY = {
+    # CIDRs, addresses or host names that outbound webhooks may reach although private/loopback/link-local
+    # (comma-separated), e.g. "127.0.0.1,10.0.0.0/8,hooks.internal". Metadata addresses need an exact entry.
+    "ALLOW_PRIVATE_DESTINATIONS": [
+        s.strip() for s in (env("NOTIFY_ALLOW_PRIVATE_DESTINATIONS", "") or "").split(",") if s.strip()
+    ],
+    "CONNECT_TIMEOUT_SECONDS": envfloat("NOTIFY_CONNECT_TIMEOUT_SECONDS", 5.0),
+    "READ_TIMEOUT_SECONDS": envfloat("NOTIFY_READ_TIMEOUT_SECONDS", 10.0),
+    "TOTAL_TIMEOUT_SECONDS": envfloat("NOTIFY_TOTAL_TIMEOUT_SECONDS", 30.0),
+    "MAX_REDIRECTS": envint("NOTIFY_MAX_REDIRECTS", 3),
+    "BACKOFF_BASE_SECONDS": envfloat("NOTIFY_BACKOFF_BASE_SECONDS", 30.0),
+    "BACKOFF_MAX_SECONDS": envfloat("NOTIFY_BACKOFF_MAX_SECONDS", 3600.0),
+    "BACKOFF_JITTER": envfloat("NOTIFY_BACKOFF_JITTER", 0.25),
+    "MAX_ATTEMPTS": envint("NOTIFY_MAX_ATTEMPTS", 31),  # 30 s doubling to 1 h: ≥ 24 h between first and last
+    "RETRY_AFTER_MAX_SECONDS": envfloat("NOTIFY_RETRY_AFTER_MAX_SECONDS", 6 * 3600.0),
+    "LEASE_SECONDS": envfloat("NOTIFY_LEASE_SECONDS", 120.0),
+    "CONCURRENCY": envint("NOTIFY_CONCURRENCY", 8),
+    "PER_CHANNEL_BATCH": envint("NOTIFY_PER_CHANNEL_BATCH", 4),
+    "EXTERNAL_URL": env("NOTIFY_EXTERNAL_URL", "") or f"http://{HTTP_BIND}",
+    "DELIVER_INTERVAL_SECONDS": envfloat("NOTIFY_DELIVER_INTERVAL_SECONDS", 10.0),  # beat: notify.deliver_due
+}
+
+# Alert lifecycle, silences, diagnosis and the latency regression detector (platform/alerts, docs/alerts.md).
+ALERTS = {
+    # pending → firing once the condition has held this long (a page: the next evaluation of a 60 s beat).
+    "PAGE_FOR_SECONDS": envfloat("ALERTS_PAGE_FOR_SECONDS", 50.0),
+    "TICKET_FOR_SECONDS": envfloat("ALERTS_TICKET_FOR_SECONDS", 290.0),
+    # 0: each SLO's repeat_interval (regressions: REGRESSION_REPEAT_INTERVAL_SECONDS).
+    "REPEAT_INTERVAL_SECONDS": envfloat("ALERTS_REPEAT_INTERVAL_SECONDS", 0.0),
+    "DIAGNOSIS_BASELINE_MIN_SECONDS": envfloat("ALERTS_DIAGNOSIS_BASELINE_MIN_SECONDS", 1800.0),
+    "REGRESSION_ENABLED": envbool("ALERTS_REGRESSION_ENABLED", True),
+    "REGRESSION_WINDOW_SECONDS": envfloat("ALERTS_REGRESSION_WINDOW_SECONDS", 300.0),
+    "REGRESSION_BASELINE_SECONDS": envfloat("ALERTS_REGRESSION_BASELINE_SECONDS", 1800.0),
+    "REGRESSION_RATIO": envfloat("ALERTS_REGRESSION_RATIO", 1.5),
+    "REGRESSION_MIN_REQUESTS": envint("ALERTS_REGRESSION_MIN_REQUESTS", 30),
+    "REGRESSION_METRICS": tuple(
+        m.strip() for m in (env("ALERTS_REGRESSION_METRICS", "e2e_ms,ttft_ms") or "").split(",") if m.strip()),
+    "REGRESSION_SEVERITY": env("ALERTS_REGRESSION_SEVERITY", "ticket"),
+    "REGRESSION_REPEAT_INTERVAL_SECONDS": envfloat("ALERTS_REGRESSION_REPEAT_INTERVAL_SECONDS", 4 * 3600.0),
+    # Base URL put in notifications (links to /api/v1/alerts/<fingerprint>); empty: no link.
+    "PUBLIC_URL": env("OBSERVATORY_PUBLIC_URL", "") or "",
+}
 
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"

@@ -2,6 +2,7 @@
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
+from observatory.background import start_background
 from observatory.engine_link import EngineCompanion
 from observatory.runtime import SpoolInUse
 from observatory.serve import PlatformServer
@@ -35,6 +36,7 @@ class Command(BaseCommand):
         except SpoolInUse as exc:
             raise CommandError(str(exc)) from exc
         server.install_signal_handlers()
+        background = start_background()  # Celery worker + beat in this process (OBSERVATORY_INPROCESS_WORKER)
         mode = "embedded (SQLite + chdb)" if settings.EMBEDDED_MODE else "server"
         self.stdout.write(f"LLM latency observatory running in {mode} mode")
         self.stdout.write(f"  web + API + OTLP/HTTP  http://{server.http_bind.rsplit(':', 1)[0]}:{server.http_port}")
@@ -56,5 +58,7 @@ class Command(BaseCommand):
         try:
             server.serve_forever()
         finally:
+            if background is not None:
+                background.stop()
             if companion is not None:
                 companion.stop()

@@ -1,0 +1,373 @@
+"""Why an alert burns: which latency component moved between a baseline and the burning window, which model /
+prompt bucket / engine config / replica group carries it, and what vLLM knob to turn.
+
+`diagnose()` reads ClickHouse (alerts/queries.py) and, best effort, the managed engine's fleet state (the knobs
+of each config version) and its replicas' Prometheus metrics (speculative-decoding acceptance);
+`build_diagnosis()` and `suggest()` are pure functions of those figures.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import urllib.request
+from collections.abc import Mapping
+
+from . import queries
+
+log = logging.getLogger(__name__)
+
+COMPONENT_NAMES = {"network_ms": "network", "overhead_ms": "overhead", "queue_ms": "queue",
+                   "prefill_ms": "prefill", "decode_ms": "decode"}
+# The components that make up each SLI (TTFT has no decode time; TPOT is decode only).
+RELEVANT = {
+    "ttft_ms": ("network_ms", "overhead_ms", "queue_ms", "prefill_ms"),
+    "tpot_ms": ("decode_ms",),
+    "queue_ms": ("queue_ms",),
+    "e2e_ms": queries.COMPONENTS,
+    "error_ratio": queries.COMPONENTS,
+}
+LONG_PROMPT_BUCKETS = ("<4k", "<16k", ">=16k")
+LONG_PROMPT_TOKENS = 2048
+LOW_ACCEPTANCE = 0.3  # below this draft acceptance rate speculative decoding costs more than it saves
+MIN_BASELINE_REQUESTS = 10
+TOP_N = 3
+
+
+def diagnose(project_id: int, filters: dict, burning: tuple[dt.datetime, dt.datetime],
+             baseline: tuple[dt.datetime, dt.datetime], *, sli: str = "e2e_ms", threshold_ms: float | None = None,
+             store=None, engine: Mapping | None = None) -> dict:
+    """The diagnosis of `filters` (service/model/prompt_bucket/engine_config → value or list) for the burning
+    window against the baseline window. `engine` overrides the fleet lookup (tests, benchmarks)."""
+    from traces.store import get_store
+
+    store = store or get_store()
+    stats = queries.window_stats(store, project_id, filters=filters, burning=burning, baseline=baseline,
+                                 sli=sli, threshold_ms=threshold_ms)
+    metric = sli if sli in ("e2e_ms", "ttft_ms", "tpot_ms", "queue_ms") else "e2e_ms"
+    columns = queries.table_columns(store, "llm_requests")
+    ranked: dict[str, list[dict]] = {}
+    for dimension in queries.CONTRIBUTOR_DIMENSIONS:
+        if dimension not in columns:
+            continue
+        rows = queries.contributors(store, project_id, dimension, filters=filters, burning=burning,
+                                    baseline=baseline, metric=metric, sli=sli, threshold_ms=threshold_ms)
+        ranked[dimension] = rank_contributors(rows)
+    if engine is None:
+        engine = engine_knobs(
+            [c["value"] for c in ranked.get("engine_config", [])[:TOP_N]])
+    return build_diagnosis(stats, ranked, sli=sli, threshold_ms=threshold_ms, filters=filters,
+                           burning=burning, baseline=baseline, engine=engine)
+
+
+def rank_contributors(rows: list[dict]) -> list[dict]:
+    """Rows of queries.contributors → one entry per value, ranked by share of the burning window's bad
+    events (threshold SLIs) or by contribution to the rise of the overall mean (regressions).
+
+    contribution = share_burning × mean_burning − share_baseline × mean_baseline: the value's term in the
+    change of the overall mean, so the contributions of all values add up to that change."""
+    by_value: dict[str, dict] = {}
+    totals = {w: {"requests": 0, "bad": 0, "observed": 0} for w in queries.WINDOWS}
+    for row in rows:
+        entry = by_value.setdefault(row["value"], {"value": row["value"]})
+        entry[row["window"]] = row
+        totals[row["window"]]["requests"] += row["requests"]
+        totals[row["window"]]["observed"] += row["observed"]
+        totals[row["window"]]["bad"] += row["bad"] or 0
+    has_bad = any(row["bad"] is not None for row in rows)
+    out = []
+    for value, entry in by_value.items():
+        burn = entry.get("burning") or {"requests": 0, "bad": 0, "observed": 0, "mean": None}
+        base = entry.get("baseline") or {"requests": 0, "bad": 0, "observed": 0, "mean": None}
+        term_burn = (burn["observed"] / totals["burning"]["observed"] * burn["mean"]
+                     if burn["mean"] is not None and totals["burning"]["observed"] else 0.0)
+        term_base = (base["observed"] / totals["baseline"]["observed"] * base["mean"]
+                     if base["mean"] is not None and totals["baseline"]["observed"] else 0.0)
+        bad = burn["bad"] if has_bad else None
+        out.append({
+            "value": value,
+            "requests": burn["requests"],
+            "baseline_requests": base["requests"],
+            "bad": bad,
+            "bad_share": (bad / totals["burning"]["bad"]) if has_bad and totals["burning"]["bad"] else None,
+            "bad_ratio": (bad / burn["requests"]) if has_bad and burn["requests"] else None,
+            "mean_ms": burn["mean"],
+            "baseline_mean_ms": base["mean"],
+            "contribution_ms": term_burn - term_base if totals["baseline"]["observed"] else term_burn,
+        })
+    if has_bad and totals["burning"]["bad"]:
+        out.sort(key=lambda e: (-(e["bad"] or 0), -(e["contribution_ms"] or 0), str(e["value"])))
+    else:
+        out.sort(key=lambda e: (-(e["contribution_ms"] or 0), -e["requests"], str(e["value"])))
+    return out
+
+
+def build_diagnosis(stats: Mapping[str, dict], ranked: Mapping[str, list[dict]], *, sli: str,
+                    threshold_ms: float | None, filters: Mapping, burning, baseline, engine: Mapping | None) -> dict:
+    burn, base = stats["burning"], stats["baseline"]
+    have_baseline = base["requests"] >= MIN_BASELINE_REQUESTS
+    e2e_burn = burn["figures"]["e2e_ms"]["mean"]
+    e2e_base = base["figures"]["e2e_ms"]["mean"]
+    components = {}
+    for column in queries.COMPONENTS:
+        b, a = burn["figures"][column], base["figures"][column]
+        components[COMPONENT_NAMES[column]] = {
+            "relevant": column in RELEVANT.get(sli, queries.COMPONENTS),
+            "burning": {"p50_ms": b["p50"], "mean_ms": b["mean"], "share_of_e2e": _ratio(b["mean"], e2e_burn)},
+            "baseline": {"p50_ms": a["p50"], "mean_ms": a["mean"], "share_of_e2e": _ratio(a["mean"], e2e_base)},
+            "delta_mean_ms": _delta(b["mean"], a["mean"]) if have_baseline else None,
+            "delta_ms": _delta(b["mean"], a["mean"]) if have_baseline else None,  # = delta_mean_ms
+            "delta_p50_ms": _delta(b["p50"], a["p50"]) if have_baseline else None,
+            "delta_share": _delta(_ratio(b["mean"], e2e_burn), _ratio(a["mean"], e2e_base)) if have_baseline else None,
+        }
+    dominant, why = dominant_component(components, have_baseline)
+    hops = {
+        name: {"burning_mean_ms": burn["figures"][column]["mean"], "baseline_mean_ms": base["figures"][column]["mean"]}
+        for name, column in (("client_gateway", "network_client_gateway_ms"),
+                             ("gateway_engine", "network_gateway_engine_ms"))
+    }
+    top = {dim: entries[:TOP_N] for dim, entries in ranked.items()}
+    headline = {dim: entries[0]["value"] for dim, entries in ranked.items() if entries}
+    suggestion = suggest(dominant, burn=burn, base=base if have_baseline else None, top=top, hops=hops,
+                         engine=engine or {})
+    diagnosis = {
+        "sli": sli,
+        "threshold_ms": threshold_ms,
+        "filters": dict(filters),
+        "burning": _window(burning, burn),
+        "baseline": _window(baseline, base),
+        "baseline_usable": have_baseline,
+        "e2e_ms": {"burning": {"p50": burn["figures"]["e2e_ms"]["p50"], "mean": e2e_burn},
+                   "baseline": {"p50": base["figures"]["e2e_ms"]["p50"], "mean": e2e_base}},
+        "ttft_ms": {"burning": {"p50": burn["figures"]["ttft_ms"]["p50"], "mean": burn["figures"]["ttft_ms"]["mean"]},
+                    "baseline": {"p50": base["figures"]["ttft_ms"]["p50"], "mean": base["figures"]["ttft_ms"]["mean"]}},
+        "components": components,
+        "dominant_component": dominant,
+        "dominant_reason": why,
+        "network_hops": hops,
+        # The first value of each dimension, flat (what notifications show), and the top 3 per dimension.
+        "top_contributors": [{"dimension": dim, **entries[0]} for dim, entries in top.items() if entries],
+        "contributors": top,
+        "top": headline,
+        "suggestion": suggestion["text"],
+        "suggestion_detail": suggestion,
+        "engine_knobs_source": (engine or {}).get("source"),
+    }
+    diagnosis["summary"] = summarise(diagnosis)
+    return diagnosis
+
+
+def dominant_component(components: Mapping[str, dict], have_baseline: bool) -> tuple[str | None, str]:
+    """The component that explains the burn: the largest rise of its mean against the baseline among the
+    components of the SLI; without a usable baseline, the largest share of the burning window's time."""
+    relevant = {name: c for name, c in components.items() if c["relevant"]}
+    if have_baseline:
+        rises = {name: c["delta_mean_ms"] for name, c in relevant.items() if c["delta_mean_ms"] is not None}
+        if rises and max(rises.values()) > 0:
+            name = max(rises, key=rises.get)
+            c = relevant[name]
+            return name, (f"largest rise of the mean: {name} {c['baseline']['mean_ms']:.1f} ms → "
+                          f"{c['burning']['mean_ms']:.1f} ms (+{rises[name]:.1f} ms)")
+    means = {name: c["burning"]["mean_ms"] for name, c in relevant.items() if c["burning"]["mean_ms"] is not None}
+    if not means:
+        return None, "no component was observed in the burning window (no engine hop: decomposition unavailable)"
+    name = max(means, key=means.get)
+    prefix = "no usable baseline; " if not have_baseline else "no component rose; "
+    return name, f"{prefix}largest share of the burning window: {name} mean {means[name]:.1f} ms"
+
+
+def suggest(component: str | None, *, burn: Mapping, base: Mapping | None, top: Mapping[str, list],
+            hops: Mapping[str, dict], engine: Mapping) -> dict:
+    """A concrete next step tied to vLLM's knobs for the dominant component."""
+    config = (top.get("engine_config") or [{}])[0].get("value") if top.get("engine_config") else None
+    knobs = (engine.get("configs") or {}).get(config or "", {})
+    where = _where(config, knobs)
+    if component == "queue":
+        current = knobs.get("max_num_seqs")
+        raise_to = f" (now {current}; try {min(max(2 * int(current), 8), 1024)})" if isinstance(current, int) else ""
+        groups = knobs.get("groups") or []
+        replicas = f" (group {', '.join(groups)}: {knobs.get('replicas')} replica(s))" if groups else ""
+        return {
+            "component": "queue", "knobs": ["max_num_seqs", "replicas"],
+            "text": (f"Requests wait in vLLM's scheduler queue{where}: raise max_num_seqs{raise_to} if the KV cache "
+                     f"has room for more concurrent sequences, or add replicas{replicas}."),
+        }
+    if component == "prefill":
+        prompts = burn.get("mean_prompt_tokens")
+        bucket = (top.get("prompt_bucket") or [{}])[0].get("value") if top.get("prompt_bucket") else None
+        long_prompts = (prompts or 0) >= LONG_PROMPT_TOKENS or bucket in LONG_PROMPT_BUCKETS
+        if long_prompts:
+            state = ""
+            if "enable_chunked_prefill" in knobs:
+                state = (f" (now enable_chunked_prefill={knobs['enable_chunked_prefill']}, "
+                         f"long_prefill_token_threshold={knobs.get('long_prefill_token_threshold')}, "
+                         f"max_num_batched_tokens={knobs.get('max_num_batched_tokens')})")
+            return {
+                "component": "prefill",
+                "knobs": ["enable_chunked_prefill", "long_prefill_token_threshold", "max_num_partial_prefills",
+                          "max_num_batched_tokens"],
+                "text": (f"Prefill of long prompts dominates{where} (mean {prompts or 0:.0f} prompt tokens"
+                         f"{', bucket ' + bucket if bucket else ''}): enable chunked prefill, set "
+                         "long_prefill_token_threshold (and max_num_partial_prefills > 1) so long prompts are split "
+                         "and cannot block short ones, and size max_num_batched_tokens to the latency target"
+                         f"{state}."),
+            }
+        return {
+            "component": "prefill", "knobs": ["max_num_batched_tokens", "enable_prefix_caching", "replicas"],
+            "text": (f"Prefill time rose{where} although prompts are short (mean {prompts or 0:.0f} tokens): the GPU is "
+                     "saturated by batched work; lower max_num_batched_tokens for latency, keep prefix caching on, "
+                     "or add replicas."),
+        }
+    if component == "decode":
+        spec = knobs.get("speculative_config")
+        acceptance = (engine.get("acceptance") or {}).get(config or "")
+        if spec:
+            method = spec.get("method") if isinstance(spec, Mapping) else spec
+            if acceptance is not None and acceptance < LOW_ACCEPTANCE:
+                return {
+                    "component": "decode", "knobs": ["speculative_config"], "acceptance_rate": acceptance,
+                    "text": (f"Decode dominates{where} and speculative decoding ({method}) accepts only "
+                             f"{acceptance:.0%} of draft tokens (vllm:spec_decode_num_accepted_tokens / "
+                             "num_draft_tokens): turn speculative decoding off, or lower num_speculative_tokens."),
+                }
+            seen = f" (acceptance {acceptance:.0%})" if acceptance is not None else " (acceptance not measured)"
+            return {
+                "component": "decode", "knobs": ["speculative_config", "max_num_seqs"], "acceptance_rate": acceptance,
+                "text": (f"Decode dominates{where} with speculative decoding ({method}) on{seen}: if acceptance is "
+                         f"below {LOW_ACCEPTANCE:.0%} turn it off; otherwise lower max_num_seqs to shrink decode "
+                         "batches, or add replicas."),
+            }
+        return {
+            "component": "decode", "knobs": ["speculative_config", "max_num_seqs"],
+            "text": (f"Decode dominates{where}: enable speculative decoding (speculative_config, e.g. ngram for "
+                     "repetitive outputs or an EAGLE draft) to cut time per output token, or lower max_num_seqs to "
+                     "shrink decode batches."),
+        }
+    if component == "network":
+        cg = hops["client_gateway"]["burning_mean_ms"]
+        ge = hops["gateway_engine"]["burning_mean_ms"]
+        if cg is not None and (ge is None or cg >= ge):
+            return {
+                "component": "network", "knobs": ["gateway placement", "client region"],
+                "text": (f"Time between the client and the gateway dominates (mean {cg:.1f} ms): look at the client "
+                         "region and the path to the gateway (serve clients from a nearer region)."),
+            }
+        detail = f" (mean {ge:.1f} ms between gateway and engine)" if ge is not None else ""
+        return {
+            "component": "network", "knobs": ["gateway max_concurrency / max_queue", "gateway placement"],
+            "text": (f"Time outside the engine dominates{detail}: look at the gateway (its admission queue, "
+                     "max_concurrency and max_queue, and its placement next to the replicas) or the client region."),
+        }
+    if component == "overhead":
+        return {
+            "component": "overhead", "knobs": ["api_server_count", "CPU"],
+            "text": (f"vLLM's API-server overhead (tokenisation, detokenisation, HTTP) dominates{where}: give the API "
+                     "server more CPU or more API-server processes (--api-server-count), and check CPU throttling."),
+        }
+    return {"component": None, "knobs": [],
+            "text": "No engine-side decomposition in the burning window: check that the engine exports llm_request spans."}
+
+
+def summarise(diagnosis: Mapping) -> str:
+    parts = []
+    name = diagnosis.get("dominant_component")
+    if name:
+        c = diagnosis["components"][name]
+        b, a = c["burning"], c["baseline"]
+        if diagnosis["baseline_usable"] and a["p50_ms"] is not None and b["p50_ms"] is not None:
+            parts.append(f"{name} time rose: p50 {a['p50_ms']:.0f} → {b['p50_ms']:.0f} ms, mean "
+                         f"{a['mean_ms']:.0f} → {b['mean_ms']:.0f} ms")
+        elif b["mean_ms"] is not None:
+            share = f" ({b['share_of_e2e']:.0%} of e2e)" if b["share_of_e2e"] is not None else ""
+            parts.append(f"{name} time dominates: p50 {b['p50_ms']:.0f} ms, mean {b['mean_ms']:.0f} ms{share}")
+    top = diagnosis.get("contributors") or {}
+    for dim in ("engine_config", "replica_group", "model", "prompt_bucket"):
+        entries = top.get(dim) or []
+        if entries:
+            first = entries[0]
+            if first.get("bad_share") is not None:
+                parts.append(f"top {dim} {first['value']} ({first['bad_share']:.0%} of bad events)")
+            else:
+                parts.append(f"top {dim} {first['value']}")
+    text = "; ".join(parts)
+    suggestion = diagnosis.get("suggestion")
+    return f"{text}. {suggestion}" if text and suggestion else (suggestion or text)
+
+
+# -- the managed engine: knobs per config version, speculative acceptance ----------------------------------------
+def engine_knobs(config_versions: list[str]) -> dict:
+    """{"source", "configs": {version: {knobs..., "groups", "replicas"}}, "acceptance": {version: rate}} from
+    the managed engine's fleet controller (GET /fleet), best effort: {} when no fleet answers."""
+    try:
+        from observatory.engine_link import fleet_state
+
+        state = fleet_state()
+    except Exception as exc:  # a missing or broken fleet file must not break an alert
+        log.debug("no fleet state for the diagnosis: %s", exc)
+        return {}
+    fleet = state.get("fleet") or state.get("last_state") or {}
+    configs: dict[str, dict] = {}
+    upstreams: dict[str, list[str]] = {}
+    for group in fleet.get("groups") or []:
+        version = group.get("config_version")
+        if not version:
+            continue
+        entry = configs.setdefault(version, {**(group.get("config") or {}), "groups": [], "replicas": 0})
+        entry["groups"].append(group.get("name"))
+        entry["replicas"] += int(group.get("replicas") or 0)
+        upstreams.setdefault(version, []).extend(group.get("upstreams") or [])
+    if not configs:
+        return {}
+    acceptance = {}
+    if state.get("running"):
+        for version in config_versions:
+            if configs.get(version, {}).get("speculative_config"):
+                rate = speculative_acceptance(upstreams.get(version, []))
+                if rate is not None:
+                    acceptance[version] = rate
+    return {"source": "fleet controller" if state.get("running") else "last recorded fleet state",
+            "configs": configs, "acceptance": acceptance}
+
+
+def speculative_acceptance(upstreams: list[str], timeout: float = 1.0) -> float | None:
+    """Accepted / draft tokens summed over the replicas' vLLM metrics (counters since each replica started)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    accepted = drafted = 0.0
+    for url in upstreams:
+        try:
+            with urllib.request.urlopen(url.rstrip("/") + "/metrics", timeout=timeout) as response:  # noqa: S310
+                text = response.read().decode("utf-8", "replace")
+        except OSError:
+            continue
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name == "vllm:spec_decode_num_accepted_tokens_total":
+                    accepted += sample.value
+                elif sample.name == "vllm:spec_decode_num_draft_tokens_total":
+                    drafted += sample.value
+    return accepted / drafted if drafted else None
+
+
+# -- small helpers ---------------------------------------------------------------------------------------------
+def _where(config: str | None, knobs: Mapping) -> str:
+    if not config:
+        return ""
+    groups = knobs.get("groups")
+    return f" on engine config {config}" + (f" (group {', '.join(groups)})" if groups else "")
+
+
+def _window(bounds, stats) -> dict:
+    return {"since": _iso(bounds[0]), "until": _iso(bounds[1]), "requests": stats["requests"],
+            "errors": stats["errors"], "bad": stats["bad"]}
+
+
+def _iso(t: dt.datetime) -> str:
+    return t.astimezone(dt.timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+def _ratio(a, b):
+    return a / b if a is not None and b else None
+
+
+def _delta(a, b):
+    return a - b if a is not None and b is not None else None

@@ -1,0 +1,70 @@
+"""The embedded-mode broker (observatory/fs_broker.py): kombu's filesystem transport with message files that appear
+whole. With kombu's own, a consumer could read a file before its producer wrote it and the worker died."""
+from __future__ import annotations
+
+import os
+import threading
+
+from kombu import Connection, Exchange, Queue
+
+TRANSPORT = "observatory.fs_broker:Transport"
+
+
+def connection(folder: str) -> Connection:
+    options = {"data_folder_in": folder, "data_folder_out": folder, "store_processed": False,
+               "control_folder": os.path.join(folder, "control")}
+    return Connection("filesystem://", transport=TRANSPORT, transport_options=options)
+
+
+def test_concurrent_producers_and_a_consumer_lose_nothing_and_never_crash(tmp_path):
+    folder = str(tmp_path)
+    queue = Queue("race", Exchange("race", type="direct"), routing_key="race")
+    got, errors = [], []
+    produced = threading.Event()
+
+    def produce():
+        with connection(folder) as conn:
+            producer = conn.Producer()
+            for i in range(500):
+                producer.publish({"i": i}, exchange=queue.exchange, routing_key="race", declare=[queue])
+
+    def consume():
+        with connection(folder) as conn:
+            def on_message(body, message):
+                got.append(body["i"])
+                message.ack()
+
+            with conn.Consumer(queue, callbacks=[on_message]):
+                while True:
+                    try:
+                        conn.drain_events(timeout=1)
+                    except TimeoutError:
+                        if produced.is_set():
+                            return
+                    except Exception as exc:  # what killed the worker with kombu's own transport
+                        errors.append(exc)
+                        return
+
+    consumer = threading.Thread(target=consume)
+    consumer.start()
+    producers = [threading.Thread(target=produce) for _ in range(3)]
+    for thread in producers:
+        thread.start()
+    for thread in producers:
+        thread.join()
+    produced.set()
+    consumer.join(60)
+    assert errors == []
+    assert sorted(got) == sorted(list(range(500)) * 3)
+    assert not [name for name in os.listdir(folder) if name.endswith((".msg", ".partial"))]
+
+
+def test_an_undecodable_message_file_is_dropped_and_the_next_one_delivered(tmp_path, caplog):
+    folder = str(tmp_path)
+    queue = Queue("jobs", Exchange("jobs", type="direct"), routing_key="jobs")
+    with connection(folder) as conn:
+        conn.Producer().publish({"ok": 1}, exchange=queue.exchange, routing_key="jobs", declare=[queue])
+        (tmp_path / "0_torn.jobs.msg").write_bytes(b"")  # sorts first: written by a foreign producer, torn
+        message = conn.SimpleQueue(queue).get(timeout=5)
+        assert message.payload == {"ok": 1}
+    assert "dropped an undecodable message file of queue jobs" in caplog.text
