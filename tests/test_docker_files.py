@@ -88,7 +88,15 @@ def test_settings_grep_finds_the_known_names():
 
 
 def test_compose_services(compose):
-    assert set(compose["services"]) == {"platform", "postgres", "clickhouse", "redis"}
+    assert set(compose["services"]) == {"platform", "worker", "beat", "postgres", "clickhouse", "redis"}
+    for name in ("worker", "beat"):
+        service = compose["services"][name]
+        # Celery runs the same image and settings; the platform service applies the migrations first.
+        assert service["image"] == compose["services"]["platform"]["image"]
+        assert service["environment"] == compose["services"]["platform"]["environment"]
+        assert service["entrypoint"][:3] == ["celery", "-A", "observatory.celery_app"]
+        assert service["command"][0] == name
+        assert "platform" in service["depends_on"]
     images = {name: service.get("image", "") for name, service in compose["services"].items()}
     assert images["postgres"].startswith("postgres:16")
     assert images["clickhouse"].startswith("clickhouse/clickhouse-server")
