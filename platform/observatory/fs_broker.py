@@ -4,11 +4,15 @@ kombu writes a message by creating `<n>_<uuid>.<queue>.msg` and then writing int
 lists the folder, moves each matching file away and reads it: a consumer that wins the race reads an
 empty file, fails to decode it, and the worker's consumer loop dies with it. Here the message is
 written under a name no consumer matches and renamed into place (atomic on POSIX), and a message that
-cannot be decoded anyway is dropped with a warning instead of stopping the worker. Celery uses this
-transport when CELERY_BROKER_URL is filesystem:// (observatory/celery_app.py).
+cannot be decoded anyway is dropped with a warning instead of stopping the worker. The exchange tables
+(which queue a routing key reaches) get the same treatment: kombu creates the table file, then locks and
+fills it, so a publisher that read it in between found no binding and its message went nowhere; here
+the table is rewritten under an exclusive lock file and renamed into place, so readers always see a
+whole table, and this process's own bindings count before they reach the file. Celery uses this transport when CELERY_BROKER_URL is filesystem:// (observatory/celery_app.py).
 """
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import uuid
@@ -17,7 +21,7 @@ from time import monotonic
 from kombu.exceptions import ChannelError
 from kombu.transport import filesystem
 from kombu.utils.encoding import str_to_bytes
-from kombu.utils.json import dumps
+from kombu.utils.json import dumps, loads
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +37,49 @@ class Channel(filesystem.Channel):
             os.replace(partial, final)
         except OSError as exc:
             raise ChannelError(f"Cannot add file {final!r} to directory") from exc
+
+    def _queue_bind(self, exchange, routing_key, pattern, queue):
+        self.control_folder.mkdir(parents=True, exist_ok=True)
+        table_file = self._exchange_file(exchange)
+        entry = filesystem.exchange_queue_t(routing_key or "", pattern or "", queue or "")
+        lock_path = os.path.join(str(self.control_folder), f".{exchange}.lock")
+        try:
+            with open(lock_path, "a+b") as lock_file:
+                fcntl.flock(lock_file, fcntl.LOCK_EX)
+                table = self._read_table(table_file)
+                if entry in table:
+                    return
+                table.insert(0, entry)
+                partial = f"{table_file}.{uuid.uuid4().hex}.partial"
+                with open(partial, "wb") as f:
+                    f.write(str_to_bytes(dumps(table)))
+                os.replace(partial, table_file)
+        except OSError as exc:
+            raise ChannelError(f"Cannot bind queue {queue!r} to exchange {exchange!r}") from exc
+
+    def get_table(self, exchange):
+        try:
+            table = self._read_table(self._exchange_file(exchange))
+        except OSError as exc:
+            raise ChannelError(f"Cannot read the table of exchange {exchange!r}") from exc
+        # kombu records a binding in the transport's in-process state *before* writing the file, and
+        # another thread seeing it there skips its own bind: bindings of this process count even when
+        # the file does not have them yet (else that thread's first messages are routed nowhere).
+        state = self.state.exchanges.get(exchange) or {}
+        for meta in state.get("table") or ():
+            entry = filesystem.exchange_queue_t(*meta)
+            if entry not in table:
+                table.append(entry)
+        return table
+
+    @staticmethod
+    def _read_table(path) -> list:
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+        except FileNotFoundError:
+            return []
+        return [filesystem.exchange_queue_t(*row) for row in loads(data)] if data else []
 
     def _get(self, queue):
         while True:

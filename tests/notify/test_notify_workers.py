@@ -76,7 +76,7 @@ def test_two_workers_and_a_doubled_beat_deliver_each_exactly_once(transactional_
             deadline = time.time() + 90
             while time.time() < deadline:
                 for _ in range(2):  # two beats ticking at once
-                    app.send_task("notify.deliver_due", queue=queue)
+                    app.send_task("notify.deliver_due", queue=queue, exchange=queue, routing_key=queue)
                 if not Delivery.objects.exclude(status="succeeded").exists():
                     break
                 assert all(w.poll() is None for w in workers), [p.read_text()[-2000:]

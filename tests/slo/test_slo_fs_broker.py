@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 
 from kombu import Connection, Exchange, Queue
 
@@ -35,12 +36,18 @@ def test_concurrent_producers_and_a_consumer_lose_nothing_and_never_crash(tmp_pa
                 message.ack()
 
             with conn.Consumer(queue, callbacks=[on_message]):
-                while True:
+                # Until every message arrived, or 20 s without one after the producers finished
+                # (a quiet poll alone is no proof that the queue is empty).
+                quiet_since = None
+                while len(got) < 3 * 500:
                     try:
                         conn.drain_events(timeout=1)
+                        quiet_since = None
                     except TimeoutError:
                         if produced.is_set():
-                            return
+                            quiet_since = quiet_since or time.monotonic()
+                            if time.monotonic() - quiet_since > 20:
+                                return
                     except Exception as exc:  # what killed the worker with kombu's own transport
                         errors.append(exc)
                         return
