@@ -299,17 +299,18 @@ def insert_status(store: ClickHouseStore, project_id: int, points: list[dict], r
     if not points:
         return
     lines = []
+    version = time.time_ns()
     for p in points:
         at = p["at"]
         lines.append(orjson.dumps([
-            project_id, p["slo_id"], int(at.timestamp()), p["state"], p["firing_tier"], p["severity"],
+            project_id, p["slo_id"], int(at.timestamp()), version, p["state"], p["firing_tier"], p["severity"],
             p["budget_remaining"], {k: v for k, v in p["burn_rates"].items() if v is not None},
             p["totals"], p["bads"], retention_days,
         ]))
     store.insert_encoded(
         "slo_status",
-        ("project_id", "slo_id", "at", "state", "firing_tier", "severity", "budget_remaining", "burn_rates", "totals",
-         "bads", "retention_days"),
+        ("project_id", "slo_id", "at", "version", "state", "firing_tier", "severity", "budget_remaining", "burn_rates",
+         "totals", "bads", "retention_days"),
         b"\n".join(lines), "JSONCompactEachRow",
     )
 
@@ -319,7 +320,7 @@ def status_series(store: ClickHouseStore, project_id: int, slo_id: int, since: d
     """Status points of one SLO in [since, until), oldest first (the newest `limit` of them)."""
     rows = store.query_json(
         "SELECT * FROM (SELECT toUnixTimestamp(at) AS t, state, firing_tier, severity, budget_remaining, burn_rates, "
-        f"totals, bads FROM {store.table('slo_status')} "
+        f"totals, bads FROM {store.table('slo_status')} FINAL "
         "WHERE project_id = {project_id:UInt32} AND slo_id = {slo_id:UInt64} "
         "AND at >= {since:DateTime} AND at < {until:DateTime} ORDER BY at DESC LIMIT {limit:UInt32}) ORDER BY t",
         project_id=project_id,

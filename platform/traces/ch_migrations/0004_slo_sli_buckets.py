@@ -43,13 +43,15 @@ SLI_BUILDS = Table(
     sharding_key="project_id",
 )
 
-# One point per SLO per evaluation: state, budget remaining, burn rate and counts per window.
+# One point per SLO and evaluation minute: state, budget remaining, burn rate and counts per window. A
+# minute evaluated twice (a doubled beat, an SLO created mid-minute) keeps its latest evaluation (version).
 SLO_STATUS = Table(
     name="slo_status",
     columns=(
         ("project_id", "UInt32"),
         ("slo_id", "UInt64"),
         ("at", "DateTime('UTC')"),
+        ("version", "UInt64"),
         ("state", "LowCardinality(String)"),
         ("firing_tier", "LowCardinality(String)"),
         ("severity", "LowCardinality(String)"),
@@ -59,7 +61,7 @@ SLO_STATUS = Table(
         ("bads", "Map(LowCardinality(String), UInt64)"),
         ("retention_days", "UInt16"),
     ),
-    engine="MergeTree",
+    engine="ReplacingMergeTree(version)",
     order_by="project_id, slo_id, at",
     partition_by="toYYYYMM(at)",
     ttl="at + toIntervalDay(retention_days)",
