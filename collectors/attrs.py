@@ -37,6 +37,9 @@ def as_float(value: Any) -> float | None:
 
 def seconds_as_ms(value: Any) -> float | None:
     """A non-negative duration given in seconds, in milliseconds."""
+    if value.__class__ is float:  # the usual case (vLLM's latencies), without as_float's type tests
+        # NaN fails the comparison; +inf is not finite. Same answers as the general path below.
+        return value * 1000.0 if 0.0 <= value < math.inf else None
     seconds = as_float(value)
     if seconds is None or seconds < 0:
         return None
@@ -45,6 +48,8 @@ def seconds_as_ms(value: Any) -> float | None:
 
 def as_count(value: Any) -> int | None:
     """A whole number in [0, 2**31) (token counts); fractional, negative or absurd values are None."""
+    if value.__class__ is int:  # the usual case first (bool is a subclass, not this class)
+        return value if 0 <= value <= _MAX_COUNT else None
     if value is None:
         return None
     if value.__class__ is bool:
@@ -122,12 +127,18 @@ def first_event_offset_ms(span: SpanView, event_names: frozenset[str]) -> float 
 
 def engine_config_of(span: SpanView) -> str | None:
     """The engine configuration name/hash the platform stamps on resources (or, failing that, on the span)."""
-    config = as_text(span.resource.get("llm_observatory.engine_config"))
+    # Runs for every LLM span and the attribute is usually absent: skip as_text for a missing value.
+    value = span.resource.get("llm_observatory.engine_config")
+    config = None if value is None else as_text(value)
     if config is None:
-        config = as_text(span.attributes.get("llm_observatory.engine_config"))
+        value = span.attributes.get("llm_observatory.engine_config")
+        config = None if value is None else as_text(value)
     return config
 
 
 def is_error(span: SpanView) -> bool:
     """Errored per the span status, or per the semantic-convention ``error.type`` attribute."""
-    return span.status_code == STATUS_ERROR or as_text(span.attributes.get("error.type")) is not None
+    if span.status_code == STATUS_ERROR:
+        return True
+    value = span.attributes.get("error.type")
+    return value is not None and as_text(value) is not None

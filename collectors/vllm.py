@@ -56,27 +56,29 @@ def normalise_owned(span: SpanView) -> LLMCall:
     completion_tokens = as_count(attrs.get("gen_ai.usage.completion_tokens"))
     if completion_tokens is None:
         completion_tokens = as_count(attrs.get("gen_ai.usage.output_tokens"))
+    # Positional, in LLMCall's field order: this runs for every engine span ingested, and 22
+    # keyword arguments cost ~0.7 µs more than positions (tests/collectors check every field).
     return LLMCall(
-        trace_id=span.trace_id,
-        span_id=span.span_id,
-        parent_span_id=span.parent_span_id,
-        role=Role.ENGINE,
-        convention=CONVENTION,
-        service=span.service,
-        name=span.name,
-        start_ns=span.start_ns,
-        end_ns=span.end_ns,
-        model=as_text(attrs.get("gen_ai.response.model")),
-        request_id=as_text(attrs.get("gen_ai.request.id")),
-        prompt_tokens=prompt_tokens,
-        completion_tokens=completion_tokens,
-        streaming=None,
-        is_error=is_error(span),
-        ttft_ms=seconds_as_ms(attrs.get("gen_ai.latency.time_to_first_token")),
-        engine_e2e_ms=seconds_as_ms(attrs.get("gen_ai.latency.e2e")),
-        queue_ms=seconds_as_ms(attrs.get("gen_ai.latency.time_in_queue")),
-        prefill_ms=seconds_as_ms(attrs.get("gen_ai.latency.time_in_model_prefill")),
-        decode_ms=seconds_as_ms(attrs.get("gen_ai.latency.time_in_model_decode")),
-        inference_ms=seconds_as_ms(attrs.get("gen_ai.latency.time_in_model_inference")),
-        engine_config=engine_config_of(span),
+        span.trace_id,
+        span.span_id,
+        span.parent_span_id,
+        Role.ENGINE,
+        CONVENTION,
+        span.service,
+        span.name,
+        span.start_ns,
+        span.end_ns,
+        as_text(attrs.get("gen_ai.response.model")),  # model
+        as_text(attrs.get("gen_ai.request.id")),  # request_id
+        prompt_tokens,
+        completion_tokens,
+        None,  # streaming: vLLM never says
+        is_error(span),
+        seconds_as_ms(attrs.get("gen_ai.latency.time_to_first_token")),  # ttft_ms
+        seconds_as_ms(attrs.get("gen_ai.latency.e2e")),  # engine_e2e_ms
+        seconds_as_ms(attrs.get("gen_ai.latency.time_in_queue")),  # queue_ms
+        seconds_as_ms(attrs.get("gen_ai.latency.time_in_model_prefill")),  # prefill_ms
+        seconds_as_ms(attrs.get("gen_ai.latency.time_in_model_decode")),  # decode_ms
+        seconds_as_ms(attrs.get("gen_ai.latency.time_in_model_inference")),  # inference_ms
+        engine_config_of(span),
     )

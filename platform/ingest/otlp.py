@@ -151,6 +151,21 @@ def _pb_attributes(attributes, trimmer: _Trimmer) -> dict[str, Any]:
         # KeyValue = 0x0A len key 0x12 len AnyValue; lengths under 128 (one byte) or under 16384
         # (two bytes) are read here, anything else by the real message class.
         n = len(kv)
+        # The commonest miss first: a double (latencies, scores; unique, so never cached), laid out
+        # 0x0A len key | 0x12 0x09 | 0x21 + 8 bytes. The key's length byte fixes every position, so
+        # three byte tests identify it and the value is read in place (no slices but the key's).
+        if 13 < n < 141 and kv[n - 9] == 0x21 and kv[n - 10] == 0x09 and kv[n - 11] == 0x12 and kv[1] == n - 13 \
+                and kv[0] == 0x0A:
+            try:
+                key = kv[2 : n - 11].decode("utf-8")
+            except UnicodeDecodeError:
+                raise BadValue("invalid UTF-8 in an attribute key") from None
+            value = unpack_double(kv, n - 8)[0]
+            out[key] = value if value - value == 0.0 else repr(value)
+            if not key:  # (a key of at most 127 bytes is never too long)
+                del out[key]
+                trimmer.dropped += 1
+            continue
         raw = None
         if n > 3 and kv[0] == 0x0A and kv[1] < 0x80:
             p = 2 + kv[1]

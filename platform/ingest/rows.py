@@ -1,12 +1,16 @@
-"""ClickHouse rows for spans and LLM calls, encoded once as JSONCompactEachRow at accept time.
+"""ClickHouse rows for spans, their resources and LLM calls, encoded once as JSONCompactEachRow at accept time.
 
 The encoded bytes are what the spool keeps and what ClickHouse parses (in C++, off the
 GIL), so the writer does no per-row work. Attribute maps stay typed: ClickHouse renders
 numbers, booleans, arrays and objects as strings into Map(String, String) itself
 (the input_format_json_read_*_as_strings settings in JSON_INSERT_SETTINGS).
+
+A span row names its resource by `resource_id` and leaves `resource_attributes` empty;
+the attributes go once per (resource, day) to `span_resources` (migration 0005).
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import time
@@ -20,8 +24,13 @@ SPAN_COLUMNS = (
     "project_id", "trace_id", "span_id", "parent_span_id", "start_time", "end_time", "name", "kind",
     "status_code", "status_message", "service_name", "scope_name", "scope_version", "resource_attributes",
     "attributes", "events_time", "events_name", "events_attributes", "links_trace_id", "links_span_id",
-    "dropped_attributes", "llm_convention", "retention_days",
+    "dropped_attributes", "llm_convention", "retention_days", "resource_id",
 )
+# Span rows spooled before migration 0005 (no resource_id, the resource attributes inline): a spool
+# replayed after an upgrade still holds some.
+SPAN_COLUMNS_INLINE_RESOURCE = SPAN_COLUMNS[:-1]
+
+RESOURCE_COLUMNS = ("project_id", "resource_id", "day", "attributes", "retention_days")
 
 CALL_COLUMNS = (
     "project_id", "trace_id", "span_id", "parent_span_id", "role", "convention", "service", "name", "start_ns",
@@ -37,6 +46,24 @@ JSON_INSERT_SETTINGS = {
     "input_format_json_read_objects_as_strings": 1,
     "input_format_skip_unknown_fields": 0,
 }
+
+
+def bulk_insert_settings(embedded: bool) -> dict:
+    """Settings for the span writer's and the decomposition's inserts (JSON_INSERT_SETTINGS plus two).
+
+    - optimize_on_insert = 0: our tables are ReplacingMergeTrees, and by default ClickHouse runs
+      the replacing merge on every inserted block, copying each row once more (Map columns
+      row by row); that was ~25% of the CPU of a spans insert. Rows repeated within one block
+      then stay until a merge, exactly like rows repeated across blocks (spool replays) always
+      could: every read of these tables already uses FINAL or counts distinct span ids.
+    - input_format_parallel_parsing = 0 with chdb: the parser's extra threads share the two
+      cores with ingest's Python thread, and parallel parsing costs ~10% more CPU in all (a
+      server on its own machine keeps it, for latency).
+    """
+    settings = {**JSON_INSERT_SETTINGS, "optimize_on_insert": 0}
+    if embedded:
+        settings["input_format_parallel_parsing"] = 0
+    return settings
 
 _UINT32 = (1 << 32) - 1
 _MAX_NS = (1 << 63) - 1
@@ -59,12 +86,31 @@ def ns_text(ns: int) -> str:
 # orjson writes a tuple as a JSON array: spans without events or links share these instead of
 # allocating five empty lists each.
 _NO_ITEMS = ()
+_NO_ATTRIBUTES: dict = {}
+NS_PER_DAY = 86_400 * 1_000_000_000
+
+
+def resource_id(resource: dict) -> int:
+    """The id of a resource in `span_resources`: 64 bits of a hash of its attributes as encoded for
+    ClickHouse (stable across processes and restarts), never 0. 0 for a resource without attributes,
+    which needs no row."""
+    if not resource:
+        return 0
+    digest = hashlib.blake2b(_encode_value(resource), digest_size=8).digest()
+    return int.from_bytes(digest, "little") or 1
+
+
+def resource_row(project_id: int, rid: int, day: int, resource: dict, retention_days: int) -> bytes:
+    """One `span_resources` row (JSONCompactEachRow); `day` counts days since the epoch, as the
+    spans' toDate(start_time) does."""
+    return _encode_value([project_id, rid, day, resource, retention_days])
 
 
 def span_row(project_id: int, retention_days: int, span: SpanView, dropped: int, convention: str,
-             service: str | None = None) -> list:
+             service: str | None = None, rid: int = 0) -> list:
     """The spans row; `service` may be given when the caller already knows span.service (it is the
-    same for every span of a resource)."""
+    same for every span of a resource). `rid` is resource_id(span.resource): when it is not 0 the
+    resource's attributes are in `span_resources`, not on the row."""
     events = span.events
     links = span.links
     start = span.start_ns
@@ -84,7 +130,7 @@ def span_row(project_id: int, retention_days: int, span: SpanView, dropped: int,
         span.service if service is None else service,
         span.scope_name,
         span.scope_version,
-        span.resource,
+        span.resource if rid == 0 else _NO_ATTRIBUTES,
         span.attributes,
         [ns_text(e.time_ns if 0 <= e.time_ns <= _MAX_NS else 0) for e in events] if events else _NO_ITEMS,
         [e.name for e in events] if events else _NO_ITEMS,
@@ -94,6 +140,7 @@ def span_row(project_id: int, retention_days: int, span: SpanView, dropped: int,
         dropped if dropped <= _UINT32 else _UINT32,
         convention,
         retention_days,
+        rid,
     ]
 
 
@@ -141,6 +188,13 @@ def _finite(value: Any) -> Any:
     if isinstance(value, list):
         return [_finite(v) for v in value]
     return value
+
+
+def _encode_value(value: Any) -> bytes:
+    try:
+        return orjson.dumps(value)
+    except TypeError:  # an integer beyond 64 bits (OTLP-JSON allows any): the stdlib writes it as text
+        return _encode(_finite(value)).encode()
 
 
 def encode_rows(rows: list[list]) -> bytes:

@@ -1,7 +1,8 @@
 """One OTLP export, whatever the transport: limits, decode, normalise, make durable, answer per the OTLP spec.
 
-A spool record is `(project_id, trace_ids, spans_json, calls_json, span_count, call_count)`, the two blobs
-being JSONCompactEachRow rows ready for ClickHouse (see rows.py).
+A spool record is `(project_id, trace_ids, spans_json, calls_json, span_count, call_count, resources)`, the two
+blobs being JSONCompactEachRow rows ready for ClickHouse (see rows.py) and `resources` a tuple of
+`span_resources` rows, one JSON row per (resource, day) (records spooled before that have six items).
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from collectors.registry import normalise_span
 from . import metrics
 from .limits import MalformedPayload, PayloadTooLarge, UnsupportedEncoding, decompress
 from .otlp import Decoded, Limits, decode_json, decode_protobuf
-from .rows import call_row, encode_rows, span_row
+from .rows import NS_PER_DAY, call_row, encode_rows, resource_id, resource_row, span_row
 from .spool import Spool, SpoolFull
 
 PROTOBUF_TYPES = {"application/x-protobuf", "application/protobuf"}
@@ -142,21 +143,34 @@ def build_record(identity: IngestIdentity, decoded: Decoded) -> tuple[tuple, tup
     edges = []
     add_span_row = span_rows.append
     add_edge = edges.append
-    resource = service = None
+    resource = service = rid = days = None
+    resources: dict[int, tuple[dict, int, set]] = {}  # id(resource dict) -> (resource, resource_id, days)
     for span, dropped in zip(decoded.spans, decoded.dropped):
-        if span.resource is not resource:  # spans of one resource share its dict: resolve its service once
+        if span.resource is not resource:  # spans of one resource share its dict: resolve it once
             resource = span.resource
             service = span.service
+            entry = resources.get(id(resource))
+            if entry is None:
+                entry = resources[id(resource)] = (resource, resource_id(resource), set())
+            rid = entry[1]
+            days = entry[2]
+        days.add(span.start_ns // NS_PER_DAY)
         call = normalise_span(span)
         if call is None:
-            add_span_row(span_row(project_id, retention, span, dropped, "", service))
+            add_span_row(span_row(project_id, retention, span, dropped, "", service, rid))
         else:
-            add_span_row(span_row(project_id, retention, span, dropped, call.convention, service))
+            add_span_row(span_row(project_id, retention, span, dropped, call.convention, service, rid))
             call_rows.append(call_row(project_id, retention, call))
             calls.append(call)
         add_edge((span.trace_id, span.span_id, span.parent_span_id))
     if decoded.truncated:
         metrics.ATTRIBUTES_TRUNCATED.inc(decoded.truncated)
     trace_ids = sorted({edge[0] for edge in edges})
-    record = (project_id, trace_ids, encode_rows(span_rows), encode_rows(call_rows), len(span_rows), len(call_rows))
+    resource_rows = tuple(
+        resource_row(project_id, rid, day, attributes, retention)
+        for attributes, rid, days in resources.values() if rid
+        for day in sorted(days)
+    )
+    record = (project_id, trace_ids, encode_rows(span_rows), encode_rows(call_rows), len(span_rows), len(call_rows),
+              resource_rows)
     return record, (calls, edges, retention)

@@ -12,13 +12,13 @@ import time
 from collections import OrderedDict, defaultdict
 from pathlib import Path
 
-from ingest.rows import JSON_INSERT_SETTINGS, encode_rows
+from ingest.rows import bulk_insert_settings, encode_rows
 
 from collectors.base import LLMCall, Role
 
 from .decomposition import RequestRecord, decompose_trace
 from .rollups import record_touches
-from .store import ClickHouseStore, StoreUnavailable
+from .store import ClickHouseStore, StoreUnavailable, string_set
 
 log = logging.getLogger(__name__)
 
@@ -51,28 +51,26 @@ def _call_from_row(row) -> tuple[LLMCall, int]:
     return call, retention
 
 
-def _hops(record: RequestRecord) -> list[dict]:
-    # Stored as JSON text in a String column (ClickHouse writes arrays into String as their JSON).
-    return [
-        {
-            "role": hop.role, "span_id": hop.span_id, "service": hop.service, "convention": hop.convention,
-            "name": hop.name, "start_ns": hop.start_ns, "duration_ms": hop.duration_ms, "ttft_ms": hop.ttft_ms,
-        }
-        for hop in record.hops
-    ]
-
-
 def _us_text(us: int) -> str:
     return f"{us // 1_000_000}.{us % 1_000_000:06d}"
 
 
 def request_row(project_id: int, record: RequestRecord, version: int, retention_days: int) -> list:
+    us = record.start_ns // 1000
     return [
-        project_id, record.trace_id, record.request_key, record.request_id or "", _us_text(record.start_ns // 1000),
+        project_id, record.trace_id, record.request_key, record.request_id or "", f"{us // 1_000_000}.{us % 1_000_000:06d}",
         record.service, record.model or "", record.engine_config or "", record.prompt_tokens,
         record.completion_tokens, record.prompt_bucket, record.e2e_ms, record.ttft_ms, record.engine_ttft_ms,
         record.tpot_ms, record.network_ms, record.network_client_gateway_ms, record.network_gateway_engine_ms,
-        record.overhead_ms, record.queue_ms, record.prefill_ms, record.decode_ms, _hops(record),
+        record.overhead_ms, record.queue_ms, record.prefill_ms, record.decode_ms,
+        # Stored as JSON text in a String column (ClickHouse writes arrays into String as their JSON).
+        [
+            {
+                "role": hop.role, "span_id": hop.span_id, "service": hop.service, "convention": hop.convention,
+                "name": hop.name, "start_ns": hop.start_ns, "duration_ms": hop.duration_ms, "ttft_ms": hop.ttft_ms,
+            }
+            for hop in record.hops
+        ],
         record.status, version, 0, retention_days,
     ]
 
@@ -122,6 +120,17 @@ class TraceMemory:
         with self._lock:
             return self._traces.get((project_id, trace_id))
 
+    def get_many(self, project_id: int, trace_ids: list[str]) -> dict:
+        """{trace_id: entry} for the traces remembered (one lock hold for a whole rebuild chunk)."""
+        with self._lock:
+            get = self._traces.get
+            found = {}
+            for trace_id in trace_ids:
+                entry = get((project_id, trace_id))
+                if entry is not None:
+                    found[trace_id] = entry
+            return found
+
 
 def rebuild_traces(store: ClickHouseStore, project_id: int, trace_ids: list[str], memory: TraceMemory | None = None) -> int:
     """Decompose these traces again from what is stored; returns the number of request rows written."""
@@ -136,19 +145,19 @@ def _from_memory(store: ClickHouseStore, project_id: int, trace_ids: list[str], 
     """The traces whose memory entry is complete: {trace_id: (calls, parents, retention_days)}."""
     if memory is None:
         return {}
-    entries = {t: e for t in trace_ids if (e := memory.get(project_id, t)) is not None}
+    entries = memory.get_many(project_id, trace_ids)
     if not entries:
         return {}
+    in_traces, traces = string_set("traces", sorted(entries))
     stored = store.query_json(
         f"SELECT trace_id, uniqExact(span_id) FROM {store.table('spans')} "
-        "WHERE project_id = {project_id:UInt32} AND trace_id IN {traces:Array(String)} GROUP BY trace_id",
-        project_id=project_id, parameters={"traces": sorted(entries)},
+        f"WHERE project_id = {{project_id:UInt32}} AND trace_id IN {in_traces} GROUP BY trace_id",
+        project_id=project_id, parameters={"traces": traces},
     )
     return {t: entries[t] for t, count in stored if count == len(entries[t][1])}
 
 
 def _rebuild_chunk(store: ClickHouseStore, project_id: int, trace_ids: list[str], memory: TraceMemory | None = None) -> int:
-    params = {"traces": trace_ids}
     calls_by_trace: dict[str, list[LLMCall]] = defaultdict(list)
     retention: dict[str, int] = {}
     parents_by_trace: dict[str, dict[str, str]] = defaultdict(dict)
@@ -159,47 +168,62 @@ def _rebuild_chunk(store: ClickHouseStore, project_id: int, trace_ids: list[str]
             parents_by_trace[trace_id] = parents
             retention[trace_id] = days
     to_read = [t for t in trace_ids if t not in remembered]
+    in_traces, traces = string_set("traces", to_read)
     for row in store.query_json(
         f"SELECT {_CALL_FIELDS} FROM {store.table('llm_calls')} FINAL "
-        "WHERE project_id = {project_id:UInt32} AND trace_id IN {traces:Array(String)}",
-        project_id=project_id, parameters={"traces": to_read},
+        f"WHERE project_id = {{project_id:UInt32}} AND trace_id IN {in_traces}",
+        project_id=project_id, parameters={"traces": traces},
     ) if to_read else ():
         call, days = _call_from_row(row)
         calls_by_trace[call.trace_id].append(call)
         retention[call.trace_id] = max(retention.get(call.trace_id, 0), days)
     previous: dict[str, list[tuple[str, int]]] = defaultdict(list)
+    in_traces, traces = string_set("traces", trace_ids)
     for trace_id, key, start_us in store.query_json(
         f"SELECT trace_id, request_key, toUnixTimestamp64Micro(start_time) FROM {store.table('llm_requests')} FINAL "
-        "WHERE project_id = {project_id:UInt32} AND trace_id IN {traces:Array(String)}",
-        project_id=project_id, parameters=params,
+        f"WHERE project_id = {{project_id:UInt32}} AND trace_id IN {in_traces}",
+        project_id=project_id, parameters={"traces": traces},
     ):
         previous[trace_id].append((key, start_us))
     with_calls = sorted(calls_by_trace)
     read_edges = [t for t in with_calls if t not in remembered]
     if read_edges:
+        in_traces, traces = string_set("traces", read_edges)
         for trace_id, span_id, parent in store.query_json(
             f"SELECT trace_id, span_id, parent_span_id FROM {store.table('spans')} "
-            "WHERE project_id = {project_id:UInt32} AND trace_id IN {traces:Array(String)}",
-            project_id=project_id, parameters={"traces": read_edges},
+            f"WHERE project_id = {{project_id:UInt32}} AND trace_id IN {in_traces}",
+            project_id=project_id, parameters={"traces": traces},
         ):
             parents_by_trace[trace_id][span_id] = parent
     version = time.time_ns()
     rows = []
-    hours: set[int] = set()
-    for trace_id in set(with_calls) | set(previous):
-        records = decompose_trace(calls_by_trace.get(trace_id, []), parents_by_trace.get(trace_id, {}))
+    add_row = rows.append
+    hours: set[int] = set()  # hours (since the epoch) whose rollups these rows change
+    add_hour = hours.add
+    no_calls: list[LLMCall] = []
+    no_parents: dict[str, str] = {}
+    for trace_id in with_calls + [t for t in previous if t not in calls_by_trace]:
+        records = decompose_trace(calls_by_trace.get(trace_id, no_calls), parents_by_trace.get(trace_id, no_parents))
         days = retention.get(trace_id, 1)
+        before = previous.get(trace_id)
+        if before is None:  # the usual case: nothing stored for the trace yet
+            for record in records:
+                add_row(request_row(project_id, record, version, days))
+                add_hour(record.start_ns // _NS_PER_HOUR)
+            continue
         kept = set()
         for record in records:
-            rows.append(request_row(project_id, record, version, days))
+            add_row(request_row(project_id, record, version, days))
             kept.add((record.request_key, record.start_ns // _NS_PER_HOUR))
-            hours.add(record.start_ns // _NS_PER_HOUR * 3600)
-        for key, start_us in previous.get(trace_id, ()):
-            hours.add(start_us // 3_600_000_000 * 3600)
+            add_hour(record.start_ns // _NS_PER_HOUR)
+        for key, start_us in before:
+            add_hour(start_us // 3_600_000_000)
             # The sort key holds the hour: a row whose hour moved is another row, so cancel the old one.
             if (key, start_us // 3_600_000_000) not in kept:
-                rows.append(tombstone_row(project_id, trace_id, key, start_us, version))
-    store.insert_encoded("llm_requests", REQUEST_COLUMNS, encode_rows(rows), "JSONCompactEachRow", JSON_INSERT_SETTINGS)
+                add_row(tombstone_row(project_id, trace_id, key, start_us, version))
+    hours = {hour * 3600 for hour in hours}
+    store.insert_encoded("llm_requests", REQUEST_COLUMNS, encode_rows(rows), "JSONCompactEachRow",
+                         bulk_insert_settings(store.embedded))
     # After the rows, so a rollup built in between is seen as stale and built again.
     record_touches(store, project_id, hours, version)
     return len(rows)

@@ -34,11 +34,14 @@ def identifier(name: str) -> str:
 
 
 class ClickHouseStore:
-    """A connection to the trace store.
+    """A connection to the trace store: one client per thread.
 
-    chdb lets one process open a data directory, and one embedded server is shared
-    by every client in the process, so calls are serialised with a lock there. A
-    ClickHouse server gets one HTTP client per thread.
+    A ClickHouse server gets one HTTP client per thread. chdb lets one process open
+    a data directory; each client there is a connection (a session of its own) to
+    the one embedded server of the process, which runs queries from several
+    connections at the same time. So the span writer's inserts, the decomposition's
+    queries and API reads no longer wait for each other behind one lock (they did,
+    up to ~40% of an ingest run's time).
     """
 
     def __init__(self, *, url: str | None, chdb_path: str | None, database: str, cluster: str = ""):
@@ -49,8 +52,9 @@ class ClickHouseStore:
         self.embedded = not url
         identifier(database)
         self._local = threading.local()
-        self._chdb_client = None
-        self._chdb_lock = threading.RLock()
+        self._chdb_lock = threading.Lock()  # guards the list below
+        self._chdb_clients: list[tuple[threading.Thread, Any]] = []  # every embedded client open, by thread
+        self._generation = 0  # close() makes every thread's client stale
         self._bootstrapped = False
 
     # -- connections ---------------------------------------------------------------------------
@@ -76,13 +80,12 @@ class ClickHouseStore:
 
     def _client(self):
         if self.embedded:
-            if self._chdb_client is None:
-                with self._chdb_lock:
-                    if self._chdb_client is None:
-                        client = self._connect(None)
-                        client.command(f"CREATE DATABASE IF NOT EXISTS {identifier(self.database)}")
-                        self._chdb_client = client
-            return self._chdb_client
+            local = self._local
+            client = getattr(local, "client", None)
+            if client is None or local.generation != self._generation:
+                client = local.client = self._embedded_client()
+                local.generation = self._generation
+            return client
         client = getattr(self._local, "client", None)
         if client is None:
             if not self._bootstrapped:
@@ -94,11 +97,26 @@ class ClickHouseStore:
             client = self._local.client = self._connect(self.database)
         return client
 
+    def _embedded_client(self):
+        """A new chdb connection for the calling thread (closing those of threads that have ended)."""
+        with self._chdb_lock:
+            current = threading.current_thread()
+            alive = []
+            for thread, client in self._chdb_clients:
+                if thread.is_alive() and thread is not current:
+                    alive.append((thread, client))
+                else:
+                    _close_quietly(client)
+            self._chdb_clients = alive
+            client = self._connect(None)
+            if not self._bootstrapped:
+                client.command(f"CREATE DATABASE IF NOT EXISTS {identifier(self.database)}")
+                self._bootstrapped = True
+            self._chdb_clients.append((current, client))
+            return client
+
     def _run(self, fn):
         try:
-            if self.embedded:
-                with self._chdb_lock:
-                    return fn(self._client())
             return fn(self._client())
         except StoreUnavailable:
             raise
@@ -176,13 +194,43 @@ class ClickHouseStore:
         return orjson.loads(b"[" + raw.strip().replace(b"\n", b",") + b"]")
 
     def close(self) -> None:
-        if self._chdb_client is not None:
+        """Close every connection (call it once the threads using the store are done with it)."""
+        if self.embedded:
             with self._chdb_lock:
-                try:
-                    self._chdb_client.close()
-                finally:
-                    self._chdb_client = None
+                clients, self._chdb_clients = self._chdb_clients, []
+                self._generation += 1
+                self._bootstrapped = False
+            for _thread, client in clients:
+                _close_quietly(client)
+            self._local = threading.local()
+            return
         self._drop_client()
+
+
+def _close_quietly(client) -> None:
+    try:
+        client.close()
+    except Exception:  # closing a broken connection may fail too; nothing to do
+        log.debug("closing a ClickHouse client failed", exc_info=True)
+
+
+def string_set(name: str, values: list) -> tuple[str, Any]:
+    """`(sql, parameter)` for `column IN <sql>` with parameters={name: parameter}: the set of these strings.
+
+    Why not always `IN {name:Array(String)}`: ClickHouse parses an array parameter element by element
+    as a literal, ~2 µs per element, and the decomposition passes ~5,000 trace ids per query. When no
+    string holds a comma or a character needing escapes (ids never do), they go as one String split
+    by ClickHouse: ~40% less CPU per query, the same constant set for the primary key and skip
+    indexes. Anything else (and the empty set) keeps the array parameter."""
+    identifier(name)
+    try:
+        joined = ",".join(values)
+    except TypeError:  # not all strings
+        joined = None
+    if values and joined is not None and joined.count(",") == len(values) - 1 \
+            and not any(c in joined for c in _PLAIN_UNSAFE):
+        return f"splitByChar(',', {{{name}:String}})", _ArrayLiteral(joined)
+    return f"{{{name}:Array(String)}}", list(values)
 
 
 def _tenant_parameters(sql: str, project_id: int, parameters: dict[str, Any] | None) -> dict[str, Any]:
@@ -199,7 +247,7 @@ def _tenant_parameters(sql: str, project_id: int, parameters: dict[str, Any] | N
 
 
 class _ArrayLiteral:
-    """A bound array rendered once by us; clickhouse-connect binds objects it does not know by str()."""
+    """A bound value rendered once by us; clickhouse-connect binds objects it does not know by str()."""
 
     __slots__ = ("text",)
 
@@ -226,6 +274,11 @@ def _string_array(values: list):
     if joined.count("'") != 2 * (len(values) - 1) or any(c in joined for c in _MUST_ESCAPE):
         return values  # some element holds a character that needs escaping
     return _ArrayLiteral(f"['{joined}']")
+
+
+# Characters that a String parameter rendered by string_set must not hold (besides its separator):
+# what clickhouse-connect would escape (it is bypassed there) and what ClickHouse unescapes.
+_PLAIN_UNSAFE = ("\\", "\t", "\n", "\r", "'", "`")
 
 
 def _is_connection_error(exc: Exception) -> bool:

@@ -533,3 +533,40 @@ def test_order_independence_and_invariants(trace, seed):
         if r.hops[0].role == "engine":
             assert r.network_ms is None
         assert r.prompt_bucket == prompt_bucket(r.prompt_tokens)
+
+
+# ---------------------------------------------------------------------------------------
+# the simple-chain fast path answers exactly as the general rules
+# ---------------------------------------------------------------------------------------
+
+def test_simple_chain_fast_path_agrees_with_the_general_rules(monkeypatch):
+    """Traces of at most three calls take a shortcut when they form one chain (engine -> gateway ->
+    client); random small traces, many of them odd (shared ids, cycles, roles repeated, parents only in
+    the map, non-LLM spans in between), must give the same records with and without it."""
+    import traces.decomposition as decomposition
+
+    rng = random.Random(20240601)
+    ids = ["a", "b", "c", "x", "y", ""]
+    shortcut = decomposition._simple_chain
+    taken = 0
+    for _ in range(20_000):
+        calls = []
+        for _ in range(rng.randint(0, 3)):
+            start = rng.randint(0, 100)
+            calls.append(call(rng.choice(ids[:4]), rng.choice(ids), rng.choice(["client", "gateway", "engine"]),
+                              start, start + rng.randint(0, 50), ttft_ms=rng.choice([None, 1.5]),
+                              engine_e2e_ms=rng.choice([None, 3.0]), queue_ms=rng.choice([None, 1.0]),
+                              prefill_ms=rng.choice([None, 0.5]), decode_ms=rng.choice([None, 0.25]),
+                              completion_tokens=rng.choice([None, 1, 7]), model=rng.choice([None, "", "m"]),
+                              is_error=rng.random() < 0.2))
+        parents = {rng.choice(ids[:5]): rng.choice(ids) for _ in range(rng.randint(0, 4))}
+        if rng.random() < 0.5:
+            for c in calls:
+                parents.setdefault(c.span_id, c.parent_span_id)
+        taken += shortcut(calls, parents) is not None
+        fast = decompose_trace(calls, parents)
+        monkeypatch.setattr(decomposition, "_simple_chain", lambda calls, parents: None)
+        general = decompose_trace(calls, parents)
+        monkeypatch.setattr(decomposition, "_simple_chain", shortcut)
+        assert fast == general, (calls, parents)
+    assert taken > 2_000  # the shortcut was exercised, not only the general rules

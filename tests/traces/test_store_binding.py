@@ -44,3 +44,32 @@ def test_query_json_reads_every_row_with_many_ids_and_odd_strings(make_store):
     assert all(r[1] == 0.5 for r in rows)
     assert store.query_json(f"SELECT trace_id FROM {table} WHERE project_id = {{project_id:UInt32}} AND n > 5",
                             project_id=1) == []
+
+
+@pytest.mark.parametrize("values", [
+    [],
+    [""],
+    ["", ""],
+    ["a"],
+    ["1"],
+    [f"{i:032x}" for i in range(3000)],
+    ["a,b", "c"],
+    ["it's", "back\\slash", "tab\there", "new\nline", "cr\rreturn", "`tick`", "\\n", "日本", " spaced "],
+])
+def test_string_set_is_exactly_the_strings_given(make_store, values):
+    """string_set() gives back the very set of strings, whichever form it picks for them."""
+    from traces.store import string_set
+
+    store = make_store()
+    table = store.table("one")
+    store.command(f"CREATE TABLE {table} (project_id UInt32) ENGINE = MergeTree ORDER BY project_id")
+    store.command(f"INSERT INTO {table} VALUES (1)")
+    sql, param = string_set("values", values)
+    rows = store.query_json(f"SELECT arraySort(arrayDistinct({sql})) FROM {table} WHERE project_id = {{project_id:UInt32}}",
+                            project_id=1, parameters={"values": param})
+    assert rows == [[sorted(set(values))]]
+    found = store.query_json(f"SELECT count() FROM {table} WHERE project_id = {{project_id:UInt32}} "
+                             f"AND toString(project_id) IN {sql}", project_id=1, parameters={"values": param})
+    assert found == [[1 if "1" in values else 0]]
+    if values and all(v.isalnum() for v in values):
+        assert "splitByChar" in sql  # ids take the cheap form

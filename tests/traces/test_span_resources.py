@@ -1,0 +1,103 @@
+"""Resource attributes are stored once per (resource, day) in `span_resources` (migration 0005), not on every
+span row; spans spooled before that (attributes inline, no resource_id) are still written as they were.
+
+In-process: records built by the ingest service go through the span writer into a store of their own.
+"""
+from __future__ import annotations
+
+import time
+
+import pytest
+from ingest.otlp import Limits, decode_protobuf
+from ingest.rows import encode_rows, resource_id, span_row
+from ingest.service import build_record
+from ingest.spool import Spool
+from ingest.writer import SpanWriter
+from otlp_payloads import engine_span, pb_request, vllm_resource
+from tenancy.keys import IngestIdentity
+from traces import ch_migrate
+
+DAY_NS = 86_400 * 1_000_000_000
+PROJECT = 7
+
+
+@pytest.fixture
+def writer(make_store, tmp_path):
+    store = make_store()
+    ch_migrate.apply(store, log=lambda *_: None)
+    spool = Spool(tmp_path / "spool", max_bytes=1 << 30, segment_bytes=1 << 26, fsync=False)
+    yield SpanWriter(spool, store, batch_spans=1000, max_delay=0.01)
+    spool.close()
+
+
+def stored(store, sql: str) -> list[tuple]:
+    return store.query(sql.format(spans=store.table("spans"), resources=store.table("span_resources")),
+                       project_id=PROJECT)
+
+
+RESOURCE_JOIN = (
+    "SELECT s.span_id, s.resource_id, s.resource_attributes, "
+    "if(s.resource_id = 0, s.resource_attributes, r.attributes) "
+    "FROM {spans} AS s LEFT JOIN (SELECT * FROM {resources} FINAL) AS r "
+    "ON r.project_id = s.project_id AND r.resource_id = s.resource_id AND r.day = toDate(s.start_time) "
+    "WHERE s.project_id = {{project_id:UInt32}} ORDER BY s.span_id"
+)
+
+
+def test_resource_attributes_are_stored_once_and_join_back(writer):
+    now = time.time_ns()
+    today = [engine_span(start_ns=now - 60_000_000_000) for _ in range(3)]
+    yesterday = [engine_span(start_ns=now - DAY_NS - 60_000_000_000)]
+    other = [engine_span(start_ns=now - 60_000_000_000)]
+    a, b = vllm_resource("engine-a"), {**vllm_resource("engine-b"), "host.cpu.count": 8}
+    payload = pb_request((a, today + yesterday), (b, other)).SerializeToString()
+    decoded = decode_protobuf(payload, Limits())
+    record, _ = build_record(IngestIdentity(PROJECT, 30), decoded)
+    again, _ = build_record(IngestIdentity(PROJECT, 30), decode_protobuf(payload, Limits()))
+    writer._write([((1, 0), record), ((1, 1), again)])
+
+    rows = stored(writer.store, RESOURCE_JOIN)
+    assert len({r[0] for r in rows}) == 5
+    expected = {span.span_id.hex(): a for span in today + yesterday} | {span.span_id.hex(): b for span in other}
+    for span_id, rid, inline, joined in rows:
+        assert rid == resource_id(decoded.spans[0].resource if expected[span_id] is a else decoded.spans[-1].resource)
+        assert rid != 0 and inline == {}
+        assert joined == {k: str(v) for k, v in expected[span_id].items()}
+    # One row per resource and day (the second record's rows were known to be written already).
+    resources = stored(writer.store, "SELECT resource_id, day, retention_days FROM {resources} "
+                                     "WHERE project_id = {{project_id:UInt32}} ORDER BY day, resource_id")
+    assert len(resources) == 3
+    assert {r[2] for r in resources} == {30}
+
+
+def test_a_longer_retention_wins_for_the_resource_row(writer):
+    payload = pb_request((vllm_resource(), [engine_span()])).SerializeToString()
+    short, _ = build_record(IngestIdentity(PROJECT, 7), decode_protobuf(payload, Limits()))
+    long, _ = build_record(IngestIdentity(PROJECT, 90), decode_protobuf(payload, Limits()))
+    writer._write([((1, 0), long)])
+    writer._write([((1, 1), short)])
+    rows = stored(writer.store, "SELECT retention_days FROM {resources} FINAL WHERE project_id = {{project_id:UInt32}}")
+    assert rows == [(90,)]
+
+
+def test_spans_spooled_before_the_resource_table_keep_their_attributes_inline(writer):
+    """A spool written by the previous version (six-item records, no resource_id) replays as it was."""
+    payload = pb_request((vllm_resource("old-engine"), [engine_span()])).SerializeToString()
+    decoded = decode_protobuf(payload, Limits())
+    rows = [span_row(PROJECT, 30, span, 0, "vllm")[:-1] for span in decoded.spans]  # the old row shape
+    old_record = (PROJECT, [decoded.spans[0].trace_id], encode_rows(rows), b"", 1, 0)
+    new_payload = pb_request((vllm_resource("new-engine"), [engine_span()])).SerializeToString()
+    new_record, _ = build_record(IngestIdentity(PROJECT, 30), decode_protobuf(new_payload, Limits()))
+    writer._write([((1, 0), old_record), ((1, 1), new_record)])
+
+    by_service = {r[3]["service.name"]: r for r in stored(writer.store, RESOURCE_JOIN)}
+    assert by_service["old-engine"][1] == 0
+    assert by_service["old-engine"][2] == {k: str(v) for k, v in vllm_resource("old-engine").items()}
+    assert by_service["new-engine"][1] != 0 and by_service["new-engine"][2] == {}
+
+
+def test_resource_ids_are_stable_and_never_zero():
+    assert resource_id({}) == 0
+    resource = {"service.name": "x", "n": 1, "big": 2**70}
+    assert resource_id(resource) == resource_id(dict(resource)) != 0
+    assert resource_id(resource) != resource_id({**resource, "n": 2})
