@@ -2,22 +2,17 @@
 from __future__ import annotations
 
 import datetime as dt
-import functools
-import json
-import logging
 import re
 
-from django.http import HttpRequest, JsonResponse
+from django.http import HttpRequest
 from django.utils import timezone
-from django.views.decorators.csrf import csrf_exempt
-from tenancy.keys import ApiIdentity, bearer_token, resolve_api_token
-from traces.api import ApiError, parse_time, project_for
+from observatory.jsonapi import ApiError, json_body, json_view
+from tenancy.keys import ApiIdentity
+from traces.api import parse_time, project_for
 
 from .models import Alert, AlertKind, AlertState, Severity, Silence
 from .silences import MatcherError, matches_all, parse_matchers
 
-log = logging.getLogger(__name__)
-MAX_BODY_BYTES = 64 * 1024
 MAX_LIMIT = 500
 MAX_SILENCE = dt.timedelta(days=90)
 MAX_COMMENT = 1000
@@ -25,50 +20,6 @@ _FINGERPRINT = re.compile(r"[0-9a-f]{64}")
 _STATE_ORDER = {AlertState.FIRING: 0, AlertState.PENDING: 1, AlertState.RESOLVED: 2, AlertState.INACTIVE: 3}
 _DURATION = re.compile(r"\s*(\d+)\s*([smhd])\s*")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-
-
-def json_endpoint(*methods: str):
-    """Bearer-token auth and JSON answers for GET/POST/DELETE endpoints (errors: {"error": ...})."""
-    allowed = tuple(methods) + (("HEAD",) if "GET" in methods else ())
-
-    def decorate(fn):
-        @functools.wraps(fn)
-        @csrf_exempt
-        def wrapper(request: HttpRequest, *args, **kwargs):
-            if request.method not in allowed:
-                response = JsonResponse({"error": f"method {request.method} not allowed; use {', '.join(methods)}"},
-                                        status=405)
-                response["Allow"] = ", ".join(allowed)
-                return response
-            try:
-                identity = resolve_api_token(bearer_token(request.META.get("HTTP_AUTHORIZATION")))
-                if identity is None:
-                    raise ApiError(401, "missing or invalid API token (Authorization: Bearer <token>)")
-                result = fn(request, identity, *args, **kwargs)
-                body, status = result if isinstance(result, tuple) else (result, 200)
-                return JsonResponse(body, status=status)
-            except ApiError as exc:
-                return JsonResponse({"error": exc.message}, status=exc.status)
-            except Exception:
-                log.exception("API request failed: %s %s", request.method, request.get_full_path())
-                return JsonResponse({"error": "internal error"}, status=500)
-
-        return wrapper
-
-    return decorate
-
-
-def _body(request: HttpRequest) -> dict:
-    raw = request.body
-    if len(raw) > MAX_BODY_BYTES:
-        raise ApiError(413, f"the body is larger than {MAX_BODY_BYTES} bytes")
-    try:
-        data = json.loads(raw or b"{}")
-    except (ValueError, UnicodeDecodeError):
-        raise ApiError(400, "the body must be a JSON object") from None
-    if not isinstance(data, dict):
-        raise ApiError(400, "the body must be a JSON object")
-    return data
 
 
 def _iso(t: dt.datetime | None) -> str | None:
@@ -151,7 +102,7 @@ def alert_json(alert: Alert, muting: _Muting, *, with_transitions: bool = False)
     return data
 
 
-@json_endpoint("GET")
+@json_view("GET")
 def alerts_view(request: HttpRequest, identity: ApiIdentity) -> dict:
     """GET /api/v1/alerts?state=&severity=&slo=&kind=&limit=: the project's alerts, firing first."""
     project_id = project_for(request, identity)
@@ -175,7 +126,7 @@ def alerts_view(request: HttpRequest, identity: ApiIdentity) -> dict:
     return {"alerts": [alert_json(a, muting) for a in rows]}
 
 
-@json_endpoint("GET")
+@json_view("GET")
 def alert_view(request: HttpRequest, identity: ApiIdentity, fingerprint: str) -> dict:
     """GET /api/v1/alerts/{fingerprint}: one alert of a project the token reads, with its transitions."""
     if not _FINGERPRINT.fullmatch(fingerprint):
@@ -273,12 +224,12 @@ def create_silence(project_id: int, identity: ApiIdentity, data: dict, now: dt.d
     )
 
 
-@json_endpoint("GET", "POST")
+@json_view("GET", "POST")
 def silences_view(request: HttpRequest, identity: ApiIdentity):
     """GET /api/v1/silences?status=active,pending,expired&limit=; POST /api/v1/silences (operators)."""
     now = timezone.now()
     if request.method == "POST":
-        data = _body(request)
+        data = json_body(request)
         project_id = _project_of_body(request, identity, data)
         _require_operator(identity, project_id)
         silence = create_silence(project_id, identity, data, now)
@@ -295,7 +246,7 @@ def silences_view(request: HttpRequest, identity: ApiIdentity):
     return {"silences": [silence_json(s, now) for s in list(silences)[: _limit(request)]]}
 
 
-@json_endpoint("GET", "DELETE")
+@json_view("GET", "DELETE")
 def silence_view(request: HttpRequest, identity: ApiIdentity, silence_id: int):
     """GET /api/v1/silences/{id}; DELETE expires it now (operators)."""
     silence = (Silence.objects.filter(pk=silence_id, project_id__in=list(identity.projects))

@@ -1,79 +1,21 @@
 """JSON API for channels and their delivery log: viewers read, admins manage (Authorization: Bearer <api token>)."""
 from __future__ import annotations
 
-import functools
-import json
-import logging
-
 from django.db import IntegrityError, transaction
-from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.http import HttpRequest
 from django.utils import timezone
-from django.views.decorators.csrf import csrf_exempt
-from tenancy.keys import ApiIdentity, bearer_token, resolve_api_token
+from observatory.jsonapi import ApiError, json_body, json_view
+from tenancy.keys import ApiIdentity
 from tenancy.models import Project
-from traces.api import ApiError, project_for
+from traces.api import project_for
 
 from . import services
 from .channels import ChannelInputError, channel_json, clean_input, redact_url
 from .models import Channel, Delivery, DeliveryStatus
 
-log = logging.getLogger(__name__)
-MAX_BODY_BYTES = 64 * 1024
 DELIVERY_PAGE_MAX = 200
-
-
-def json_endpoint(*methods: str):
-    """Like traces.api.api_view, for endpoints that also take POST/PATCH/DELETE with a JSON body."""
-    allowed = tuple(methods) + (("HEAD",) if "GET" in methods else ())
-
-    def decorate(fn):
-        @functools.wraps(fn)
-        @csrf_exempt
-        def wrapper(request: HttpRequest, *args, **kwargs):
-            if request.method not in allowed:
-                response = JsonResponse({"error": f"method {request.method} not allowed; use "
-                                                  f"{', '.join(methods)}"}, status=405)
-                response["Allow"] = ", ".join(allowed)
-                return response
-            try:
-                identity = resolve_api_token(bearer_token(request.META.get("HTTP_AUTHORIZATION")))
-                if identity is None:
-                    raise ApiError(401, "missing or invalid API token (Authorization: Bearer <token>)")
-                result = fn(request, identity, *args, **kwargs)
-                if result is None:
-                    return HttpResponse(status=204)
-                body, status = result if isinstance(result, tuple) else (result, 200)
-                return JsonResponse(body, status=status)
-            except ApiError as exc:
-                return JsonResponse({"error": exc.message}, status=exc.status)
-            except ChannelInputError as exc:
-                return JsonResponse({"error": str(exc)}, status=400)
-            except Exception:
-                log.exception("API request failed: %s %s", request.method, request.get_full_path())
-                return JsonResponse({"error": "internal error"}, status=500)
-
-        return wrapper
-
-    return decorate
-
-
-def _body(request: HttpRequest) -> dict:
-    try:
-        length = int(request.META.get("CONTENT_LENGTH") or 0)
-    except ValueError:
-        length = 0
-    if length > MAX_BODY_BYTES:
-        raise ApiError(413, f"the body is larger than {MAX_BODY_BYTES} bytes")
-    raw = request.body
-    if len(raw) > MAX_BODY_BYTES:
-        raise ApiError(413, f"the body is larger than {MAX_BODY_BYTES} bytes")
-    try:
-        data = json.loads(raw or b"{}")
-    except (ValueError, UnicodeDecodeError):
-        raise ApiError(400, "the body must be a JSON object") from None
-    if not isinstance(data, dict):
-        raise ApiError(400, "the body must be a JSON object")
-    return data
+# A channel's input errors are written for the API user: 400 with their message.
+_ERRORS = {ChannelInputError: lambda exc: ApiError(400, str(exc))}
 
 
 def _require(identity: ApiIdentity, project_id: int, role: str) -> None:
@@ -123,10 +65,10 @@ def delivery_json(delivery: Delivery, with_log: bool = True) -> dict:
     return out
 
 
-@json_endpoint("GET", "POST")
+@json_view("GET", "POST", errors=_ERRORS)
 def channels_view(request: HttpRequest, identity: ApiIdentity):
     if request.method == "POST":
-        data = _body(request)
+        data = json_body(request)
         in_body = data.pop("project", None)
         if in_body is not None:
             if not isinstance(in_body, str):
@@ -156,7 +98,7 @@ def channels_view(request: HttpRequest, identity: ApiIdentity):
     return {"channels": [channel_json(c, project_name) for c in Channel.objects.filter(project_id=project_id)]}
 
 
-@json_endpoint("GET", "PATCH", "DELETE")
+@json_view("GET", "PATCH", "DELETE", errors=_ERRORS)
 def channel_view(request: HttpRequest, identity: ApiIdentity, channel_id: int):
     channel = _channel_for(identity, channel_id)
     if request.method == "GET":
@@ -165,7 +107,7 @@ def channel_view(request: HttpRequest, identity: ApiIdentity, channel_id: int):
     if request.method == "DELETE":
         channel.delete()
         return None
-    fields, generated = clean_input(_body(request), channel)
+    fields, generated = clean_input(json_body(request), channel)
     now = timezone.now()
     disabling = fields.get("enabled") is False and channel.enabled
     if fields.get("enabled") is True:
@@ -191,7 +133,7 @@ def channel_view(request: HttpRequest, identity: ApiIdentity, channel_id: int):
     return body
 
 
-@json_endpoint("POST")
+@json_view("POST", errors=_ERRORS)
 def channel_test_view(request: HttpRequest, identity: ApiIdentity, channel_id: int):
     channel = _channel_for(identity, channel_id)
     _require(identity, channel.project_id, "admin")
@@ -199,7 +141,7 @@ def channel_test_view(request: HttpRequest, identity: ApiIdentity, channel_id: i
     return {"delivery": delivery_json(delivery), "url": redact_url(channel.url, channel.kind)}
 
 
-@json_endpoint("GET")
+@json_view("GET", errors=_ERRORS)
 def channel_deliveries_view(request: HttpRequest, identity: ApiIdentity, channel_id: int):
     channel = _channel_for(identity, channel_id)
     deliveries = Delivery.objects.filter(channel=channel)

@@ -3,10 +3,10 @@ from django.http import HttpResponse, JsonResponse
 from django.views.decorators.http import require_GET
 from ingest import metrics
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from traces.api import ApiError, api_view
 from traces.store import get_store
 
 from .engine_link import fleet_state
+from .jsonapi import ApiError, json_view
 from .openapi import OPENAPI
 from .runtime import get_runtime
 
@@ -42,7 +42,7 @@ def openapi(request):
     return JsonResponse(OPENAPI)
 
 
-@api_view
+@json_view("GET")
 def engine_view(request, identity):
     """``GET /api/v1/engine``: the managed engine fleet (groups, weights, config versions, replica states)."""
     if not identity.projects:

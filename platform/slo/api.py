@@ -5,21 +5,18 @@ Viewers read; operators (and admins) create, replace and delete. Definitions are
 from __future__ import annotations
 
 import datetime as dt
-import functools
-import json
 import logging
 
-from django.http import HttpRequest, JsonResponse
-from django.views.decorators.csrf import csrf_exempt
-from tenancy.keys import ApiIdentity, bearer_token, resolve_api_token
-from traces.api import ApiError, parse_time, project_for
-from traces.store import StoreUnavailable, get_store
+from django.http import HttpRequest
+from observatory.jsonapi import ApiError, json_body, json_view
+from tenancy.keys import ApiIdentity
+from traces.api import parse_time, project_for
+from traces.store import get_store
 
 from . import burn, definitions, queries, services
 from .models import SLO
 
 log = logging.getLogger(__name__)
-MAX_BODY_BYTES = 64 * 1024
 MAX_SERIES_POINTS = 10_000
 MAX_SERIES_RANGE = dt.timedelta(days=90)
 # Fields of the answer that are not part of a definition: a body read with GET can be sent back with PUT.
@@ -27,57 +24,20 @@ READ_ONLY = ("objective_percent", "period_days", "repeat_interval_seconds", "def
              "created_at", "updated_at", "status", "series")
 
 
-def json_api(*methods: str):
-    """Bearer-token auth, JSON in and out; errors are {"error": …} (validation errors add "problems")."""
-    allowed = tuple(methods) + (("HEAD",) if "GET" in methods else ())
-
-    def decorate(fn):
-        @functools.wraps(fn)
-        @csrf_exempt
-        def wrapper(request: HttpRequest, *args, **kwargs):
-            if request.method not in allowed:
-                response = JsonResponse({"error": f"method {request.method} not allowed; use {', '.join(methods)}"},
-                                        status=405)
-                response["Allow"] = ", ".join(allowed)
-                return response
-            try:
-                identity = resolve_api_token(bearer_token(request.META.get("HTTP_AUTHORIZATION")))
-                if identity is None:
-                    raise ApiError(401, "missing or invalid API token (Authorization: Bearer <token>)")
-                status, body = fn(request, identity, *args, **kwargs)
-                return JsonResponse(body, status=status)
-            except ApiError as exc:
-                return JsonResponse({"error": exc.message}, status=exc.status)
-            except definitions.DefinitionError as exc:
-                return JsonResponse({"error": f"invalid SLO: {'; '.join(exc.problems)}", "problems": exc.problems},
-                                    status=400)
-            except services.SloExists as exc:
-                return JsonResponse({"error": str(exc)}, status=409)
-            except StoreUnavailable:
-                response = JsonResponse({"error": "the trace store is unavailable; retry shortly"}, status=503)
-                response["Retry-After"] = "5"
-                return response
-            except Exception:
-                log.exception("API request failed: %s %s", request.method, request.get_full_path())
-                return JsonResponse({"error": "internal error"}, status=500)
-
-        return wrapper
-
-    return decorate
+def _definition_error(exc: definitions.DefinitionError) -> ApiError:
+    return ApiError(400, f"invalid SLO: {'; '.join(exc.problems)}", problems=exc.problems)
 
 
-def _body(request: HttpRequest) -> dict:
-    if len(request.body) > MAX_BODY_BYTES:
-        raise ApiError(413, f"the body is limited to {MAX_BODY_BYTES} bytes")
-    try:
-        data = json.loads(request.body or b"")
-    except (ValueError, UnicodeDecodeError):
-        raise ApiError(400, "the body must be a JSON object (an SLO definition, see docs/slo.md)") from None
-    if not isinstance(data, dict):
-        raise ApiError(400, "the body must be a JSON object (an SLO definition, see docs/slo.md)")
+# Validation errors are 400 and list the "problems"; a name taken in the project is 409.
+_ERRORS = {definitions.DefinitionError: _definition_error, services.SloExists: lambda exc: ApiError(409, str(exc))}
+
+
+def _definition(request: HttpRequest) -> dict:
+    """The JSON body as an SLO definition: the read-only fields of an answer are dropped."""
+    body = json_body(request, hint="an SLO definition, see docs/slo.md")
     for key in READ_ONLY:
-        data.pop(key, None)
-    return data
+        body.pop(key, None)
+    return body
 
 
 def _project(request: HttpRequest, identity: ApiIdentity, body: dict | None = None) -> tuple[int, str]:
@@ -107,38 +67,38 @@ def _slo(project_id: int, name: str) -> SLO:
     return slo
 
 
-@json_api("GET", "POST")
+@json_view("GET", "POST", errors=_ERRORS)
 def slos_view(request: HttpRequest, identity: ApiIdentity):
     if request.method == "POST":
-        body = _body(request)
+        body = _definition(request)
         project_id, project_name = _project(request, identity, body)
         _require(identity, project_id, project_name, "operator")
         slo = services.create(project_id, body)
         log.info("SLO %s/%s created by %s", project_name, slo.name, identity.username)
-        return 201, services.describe(slo, project_name)
+        return services.describe(slo, project_name), 201
     project_id, project_name = _project(request, identity)
     slos = SLO.objects.filter(project_id=project_id).order_by("name")
-    return 200, {"project": project_name, "slos": [services.describe(s, project_name) for s in slos]}
+    return {"project": project_name, "slos": [services.describe(s, project_name) for s in slos]}
 
 
-@json_api("GET", "PUT", "DELETE")
+@json_view("GET", "PUT", "DELETE", errors=_ERRORS)
 def slo_view(request: HttpRequest, identity: ApiIdentity, name: str):
     if request.method == "PUT":
-        body = _body(request)
+        body = _definition(request)
         project_id, project_name = _project(request, identity, body)
         _require(identity, project_id, project_name, "operator")
         slo = _slo(project_id, name)
         body.setdefault("name", name)
         slo, changed = services.replace(slo, body)
         log.info("SLO %s/%s replaced by %s (%s)", project_name, name, identity.username, ", ".join(changed) or "no change")
-        return 200, services.describe(slo, project_name)
+        return services.describe(slo, project_name)
     project_id, project_name = _project(request, identity)
     slo = _slo(project_id, name)
     if request.method == "DELETE":
         _require(identity, project_id, project_name, "operator")
         slo.delete()
         log.info("SLO %s/%s deleted by %s", project_name, name, identity.username)
-        return 200, {"deleted": name, "project": project_name}
+        return {"deleted": name, "project": project_name}
     body = services.describe(slo, project_name)
     series = request.GET.get("series")
     if series:
@@ -150,10 +110,10 @@ def slo_view(request: HttpRequest, identity: ApiIdentity, name: str):
             raise ApiError(400, f"series covers at most {MAX_SERIES_RANGE.days}d")
         until = dt.datetime.now(dt.timezone.utc)
         body["series"] = queries.status_series(get_store(), project_id, slo.id, until - span, until, MAX_SERIES_POINTS)
-    return 200, body
+    return body
 
 
-@json_api("GET")
+@json_view("GET", errors=_ERRORS)
 def slo_history_view(request: HttpRequest, identity: ApiIdentity, name: str):
     project_id, project_name = _project(request, identity)
     slo = _slo(project_id, name)
@@ -167,7 +127,7 @@ def slo_history_view(request: HttpRequest, identity: ApiIdentity, name: str):
     if not raw_limit.isdigit() or not 1 <= int(raw_limit) <= MAX_SERIES_POINTS:
         raise ApiError(400, f"limit must be a whole number from 1 to {MAX_SERIES_POINTS}")
     points = queries.status_series(get_store(), project_id, slo.id, since, until, int(raw_limit))
-    return 200, {
+    return {
         "project": project_name, "slo": slo.name,
         "since": since.isoformat().replace("+00:00", "Z"), "until": until.isoformat().replace("+00:00", "Z"),
         "points": points,

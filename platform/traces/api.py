@@ -2,18 +2,15 @@
 from __future__ import annotations
 
 import datetime as dt
-import functools
-import logging
 import re
 
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
-from tenancy.keys import ApiIdentity, bearer_token, resolve_api_token
+from observatory.jsonapi import ApiError, json_view
+from tenancy.keys import ApiIdentity
 
 from . import queries
-from .store import StoreUnavailable, get_store
-
-log = logging.getLogger(__name__)
+from .store import get_store
 
 _TRACE_ID = re.compile(r"[0-9a-fA-F]{32}")  # used with fullmatch: "$" would let a trailing newline through
 MAX_RANGE = dt.timedelta(days=400)
@@ -21,43 +18,6 @@ MAX_RANGE = dt.timedelta(days=400)
 # overflowing Python's datetime (year 1 minus one hour).
 EARLIEST = dt.datetime(1900, 1, 1, tzinfo=dt.timezone.utc)
 LATEST = dt.datetime(2299, 12, 31, 23, 59, 59, tzinfo=dt.timezone.utc)
-_METHODS = ("GET", "HEAD")
-
-
-class ApiError(Exception):
-    def __init__(self, status: int, message: str):
-        super().__init__(message)
-        self.status = status
-        self.message = message
-
-
-def api_view(fn):
-    """Bearer-token auth and JSON everywhere: every answer, errors included, is a JSON object (errors carry
-    "error"). CSRF does not apply: the API authenticates with a header, never with a cookie."""
-
-    @functools.wraps(fn)
-    @csrf_exempt
-    def wrapper(request: HttpRequest, *args, **kwargs):
-        if request.method not in _METHODS:
-            response = JsonResponse({"error": f"method {request.method} not allowed; use GET"}, status=405)
-            response["Allow"] = ", ".join(_METHODS)
-            return response
-        try:
-            identity = resolve_api_token(bearer_token(request.META.get("HTTP_AUTHORIZATION")))
-            if identity is None:
-                raise ApiError(401, "missing or invalid API token (Authorization: Bearer <token>)")
-            return JsonResponse(fn(request, identity, *args, **kwargs))
-        except ApiError as exc:
-            return JsonResponse({"error": exc.message}, status=exc.status)
-        except StoreUnavailable:
-            response = JsonResponse({"error": "the trace store is unavailable; retry shortly"}, status=503)
-            response["Retry-After"] = "5"
-            return response
-        except Exception:
-            log.exception("API request failed: %s", request.get_full_path())
-            return JsonResponse({"error": "internal error"}, status=500)
-
-    return wrapper
 
 
 @csrf_exempt
@@ -97,7 +57,7 @@ def parse_time(value: str | None, name: str) -> dt.datetime | None:
     return parsed
 
 
-@api_view
+@json_view("GET")
 def requests_view(request: HttpRequest, identity: ApiIdentity) -> dict:
     project_id = project_for(request, identity)
     trace_id = request.GET.get("trace_id", "")
@@ -106,7 +66,7 @@ def requests_view(request: HttpRequest, identity: ApiIdentity) -> dict:
     return {"requests": queries.requests_for_trace(get_store(), project_id, trace_id.lower())}
 
 
-@api_view
+@json_view("GET")
 def latency_summary_view(request: HttpRequest, identity: ApiIdentity) -> dict:
     project_id = project_for(request, identity)
     until = parse_time(request.GET.get("until"), "until") or dt.datetime.now(dt.timezone.utc)

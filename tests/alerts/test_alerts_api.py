@@ -162,6 +162,23 @@ def test_methods_and_malformed_bodies(world):
     assert client.post("/api/v1/alerts", **auth).status_code == 405
     response = client.post("/api/v1/silences", data=b"[1, 2]", content_type="application/json", **auth)
     assert response.status_code == 400 and "JSON object" in response.json()["error"]
+    response = client.put("/api/v1/silences", **auth)
+    assert response["Allow"] == "GET, POST, HEAD" and "use GET, POST" in response.json()["error"]
+    assert client.post("/api/v1/silences", data=b"{}", content_type="application/json").status_code == 401
+    # the JSON body reader every endpoint shares (observatory.jsonapi.json_body)
+    for data, status, message in [
+        (b"", 400, "it is empty"),
+        (b" \n", 400, "it is empty"),
+        (b"\xff\xfe{\x00}\x00", 400, "in UTF-8"),
+        (b'{"comment": "\xe9"}', 400, "in UTF-8"),
+        (b"[" * 5000 + b"]" * 5000, 400, "the body must be a JSON object"),
+        (b'{"duration": NaN}', 400, "the body must be a JSON object"),
+        (b'"text"', 400, "not a string"),
+        (b"{" + b" " * 70_000 + b"}", 413, "limited to 65536 bytes"),
+    ]:
+        response = client.post("/api/v1/silences", data=data, content_type="application/json", **auth)
+        assert (response.status_code, response["Content-Type"]) == (status, "application/json"), data[:20]
+        assert message in response.json()["error"], (data[:20], response.json())
 
 
 def test_openapi_document_describes_alerts_and_silences(db):
