@@ -125,15 +125,29 @@ def first_event_offset_ms(span: SpanView, event_names: frozenset[str]) -> float 
     return None
 
 
+ENGINE_CONFIG_ATTRIBUTE = "llm_observatory.engine_config"
+REPLICA_GROUP_ATTRIBUTE = "llm_observatory.replica_group"
+
+
+def _resource_or_span_text(span: SpanView, key: str) -> str | None:
+    # Runs for every LLM span and the attribute is usually absent: skip as_text for a missing value.
+    value = span.resource.get(key)
+    text = None if value is None else as_text(value)
+    if text is None:
+        value = span.attributes.get(key)
+        text = None if value is None else as_text(value)
+    return text
+
+
 def engine_config_of(span: SpanView) -> str | None:
     """The engine configuration name/hash the platform stamps on resources (or, failing that, on the span)."""
-    # Runs for every LLM span and the attribute is usually absent: skip as_text for a missing value.
-    value = span.resource.get("llm_observatory.engine_config")
-    config = None if value is None else as_text(value)
-    if config is None:
-        value = span.attributes.get("llm_observatory.engine_config")
-        config = None if value is None else as_text(value)
-    return config
+    return _resource_or_span_text(span, ENGINE_CONFIG_ATTRIBUTE)
+
+
+def replica_group_of(span: SpanView) -> str | None:
+    """The replica group that served the call: a resource attribute of the platform's engine replicas, a
+    span attribute of its gateway's spans (the group it routed the request to)."""
+    return _resource_or_span_text(span, REPLICA_GROUP_ATTRIBUTE)
 
 
 def is_error(span: SpanView) -> bool:

@@ -99,6 +99,8 @@ class LLMCall:
     inference_ms: float | None = None
     # name/hash of the engine configuration that served the call, when known
     engine_config: str | None = None
+    # the replica group (fleet group) that served the call, when the engine or gateway says so
+    replica_group: str | None = None
 
     @property
     def duration_ms(self) -> float:

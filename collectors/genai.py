@@ -39,6 +39,7 @@ from collectors.attrs import (
     first_count,
     first_text,
     is_error,
+    replica_group_of,
     seconds_as_ms,
 )
 from collectors.base import SPAN_KIND_SERVER, LLMCall, Role, SpanView
@@ -122,4 +123,5 @@ def normalise_owned(span: SpanView) -> LLMCall | None:
         None,  # decode_ms
         None,  # inference_ms
         engine_config_of(span),
+        replica_group_of(span),
     )

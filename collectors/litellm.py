@@ -64,6 +64,7 @@ from collectors.attrs import (
     first_count,
     first_text,
     is_error,
+    replica_group_of,
     seconds_as_ms,
 )
 from collectors.base import LLMCall, Role, SpanView
@@ -183,4 +184,5 @@ def _call(span: SpanView, *, streaming: bool | None, request_id: str | None) -> 
         is_error=is_error(span),
         ttft_ms=seconds_as_ms(attrs.get("gen_ai.response.time_to_first_chunk")),
         engine_config=engine_config_of(span),
+        replica_group=replica_group_of(span),
     )

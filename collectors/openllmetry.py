@@ -40,6 +40,7 @@ from collectors.attrs import (
     first_event_offset_ms,
     first_text,
     is_error,
+    replica_group_of,
 )
 from collectors.base import LLMCall, Role, SpanView
 
@@ -108,4 +109,5 @@ def normalise_owned(span: SpanView) -> LLMCall | None:
         is_error=is_error(span),
         ttft_ms=ttft_ms,
         engine_config=engine_config_of(span),
+        replica_group=replica_group_of(span),
     )

@@ -25,7 +25,7 @@ The platform's engine simulator emits the same span plus the resource attribute
 """
 from __future__ import annotations
 
-from collectors.attrs import as_count, as_text, engine_config_of, is_error, seconds_as_ms
+from collectors.attrs import as_count, as_text, engine_config_of, is_error, replica_group_of, seconds_as_ms
 from collectors.base import LLMCall, Role, SpanView
 
 CONVENTION = "vllm"
@@ -81,4 +81,5 @@ def normalise_owned(span: SpanView) -> LLMCall:
         seconds_as_ms(attrs.get("gen_ai.latency.time_in_model_decode")),  # decode_ms
         seconds_as_ms(attrs.get("gen_ai.latency.time_in_model_inference")),  # inference_ms
         engine_config_of(span),
+        replica_group_of(span),
     )

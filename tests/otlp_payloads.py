@@ -95,11 +95,14 @@ def vllm_attributes(*, model: str, request_id: str, queue_s: float, prefill_s: f
     }
 
 
-def vllm_resource(service: str = "vllm-engine", engine_config: str | None = None) -> dict:
+def vllm_resource(service: str = "vllm-engine", engine_config: str | None = None,
+                  replica_group: str | None = None) -> dict:
     resource = {"service.name": service, "vllm.instrumenting_module_name": "vllm.v1.engine.output_processor",
                 "vllm.process_id": "4242"}
     if engine_config is not None:
         resource["llm_observatory.engine_config"] = engine_config
+    if replica_group is not None:
+        resource["llm_observatory.replica_group"] = replica_group
     return resource
 
 

@@ -44,11 +44,8 @@ def diagnose(project_id: int, filters: dict, burning: tuple[dt.datetime, dt.date
     stats = queries.window_stats(store, project_id, filters=filters, burning=burning, baseline=baseline,
                                  sli=sli, threshold_ms=threshold_ms)
     metric = sli if sli in ("e2e_ms", "ttft_ms", "tpot_ms", "queue_ms") else "e2e_ms"
-    columns = queries.table_columns(store, "llm_requests")
     ranked: dict[str, list[dict]] = {}
     for dimension in queries.CONTRIBUTOR_DIMENSIONS:
-        if dimension not in columns:
-            continue
         rows = queries.contributors(store, project_id, dimension, filters=filters, burning=burning,
                                     baseline=baseline, metric=metric, sli=sli, threshold_ms=threshold_ms)
         ranked[dimension] = rank_contributors(rows)
@@ -282,7 +279,7 @@ def summarise(diagnosis: Mapping) -> str:
     top = diagnosis.get("contributors") or {}
     for dim in ("engine_config", "replica_group", "model", "prompt_bucket"):
         entries = top.get(dim) or []
-        if entries:
+        if entries and entries[0]["value"] not in ("", None):  # '' = not known (e.g. no replica group said)
             first = entries[0]
             if first.get("bad_share") is not None:
                 parts.append(f"top {dim} {first['value']} ({first['bad_share']:.0%} of bad events)")

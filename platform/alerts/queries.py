@@ -2,8 +2,6 @@
 from __future__ import annotations
 
 import datetime as dt
-import threading
-import time
 from collections.abc import Mapping, Sequence
 
 from traces.store import ClickHouseStore, identifier
@@ -175,29 +173,6 @@ def regression_candidates(store: ClickHouseStore, project_id: int, *, current: t
             }
         out.append(item)
     return out
-
-
-_columns_cache: dict[tuple[str, str], tuple[float, frozenset]] = {}
-_columns_lock = threading.Lock()
-
-
-def table_columns(store: ClickHouseStore, table: str, ttl: float = 300.0) -> frozenset:
-    """Column names of one of our tables (cached for `ttl` seconds): newer dimensions such as
-    replica_group are read only where the schema has them."""
-    key = (f"{store.database}@{id(store)}", table)
-    now = time.monotonic()
-    with _columns_lock:
-        cached = _columns_cache.get(key)
-        if cached and cached[0] > now:
-            return cached[1]
-    rows = store.system_query(
-        "SELECT name FROM system.columns WHERE database = {db:String} AND table = {table:String}",
-        parameters={"db": store.database, "table": table},
-    )
-    names = frozenset(r[0] for r in rows)
-    with _columns_lock:
-        _columns_cache[key] = (now + ttl, names)
-    return names
 
 
 def _num(value) -> float | None:

@@ -36,7 +36,22 @@ CALL_COLUMNS = (
     "project_id", "trace_id", "span_id", "parent_span_id", "role", "convention", "service", "name", "start_ns",
     "end_ns", "model", "request_id", "prompt_tokens", "completion_tokens", "streaming", "is_error", "ttft_ms",
     "engine_e2e_ms", "queue_ms", "prefill_ms", "decode_ms", "inference_ms", "engine_config", "retention_days",
+    "replica_group",
 )
+# LLM call rows spooled before migration 0006 (no replica_group).
+CALL_COLUMNS_BEFORE_REPLICA_GROUP = CALL_COLUMNS[:-1]
+
+# The spool keeps records of earlier versions until they are written (an upgrade with data in the spool);
+# a record's length says which columns its blobs hold (see ingest/service.py for the record's items).
+RECORD_FORMAT = 3  # the 8th item of a current record
+
+
+def span_columns_of(record: tuple) -> tuple[str, ...]:
+    return SPAN_COLUMNS if len(record) > 6 else SPAN_COLUMNS_INLINE_RESOURCE
+
+
+def call_columns_of(record: tuple) -> tuple[str, ...]:
+    return CALL_COLUMNS if len(record) > 7 else CALL_COLUMNS_BEFORE_REPLICA_GROUP
 # ingested_at is left to ClickHouse (DEFAULT now64(3)): the time the row reached the store.
 
 JSON_INSERT_SETTINGS = {
@@ -176,6 +191,7 @@ def call_row(project_id: int, retention_days: int, call: LLMCall) -> list:
         call.inference_ms,
         call.engine_config,
         retention_days,
+        call.replica_group,
     ]
 
 

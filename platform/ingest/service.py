@@ -1,8 +1,10 @@
 """One OTLP export, whatever the transport: limits, decode, normalise, make durable, answer per the OTLP spec.
 
-A spool record is `(project_id, trace_ids, spans_json, calls_json, span_count, call_count, resources)`, the two
-blobs being JSONCompactEachRow rows ready for ClickHouse (see rows.py) and `resources` a tuple of
-`span_resources` rows, one JSON row per (resource, day) (records spooled before that have six items).
+A spool record is `(project_id, trace_ids, spans_json, calls_json, span_count, call_count, resources, format)`,
+the two blobs being JSONCompactEachRow rows ready for ClickHouse (see rows.py), `resources` a tuple of
+`span_resources` rows, one JSON row per (resource, day), and `format` rows.RECORD_FORMAT. Records spooled by
+earlier versions have six items (no resources: span rows carry theirs inline) or seven (call rows without
+replica_group); the writer still takes them (rows.span_columns_of / call_columns_of).
 """
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ from collectors.registry import normalise_span
 from . import metrics
 from .limits import MalformedPayload, PayloadTooLarge, UnsupportedEncoding, decompress
 from .otlp import Decoded, Limits, decode_json, decode_protobuf
-from .rows import NS_PER_DAY, call_row, encode_rows, resource_id, resource_row, span_row
+from .rows import NS_PER_DAY, RECORD_FORMAT, call_row, encode_rows, resource_id, resource_row, span_row
 from .spool import Spool, SpoolFull
 
 PROTOBUF_TYPES = {"application/x-protobuf", "application/protobuf"}
@@ -172,5 +174,5 @@ def build_record(identity: IngestIdentity, decoded: Decoded) -> tuple[tuple, tup
         for day in sorted(days)
     )
     record = (project_id, trace_ids, encode_rows(span_rows), encode_rows(call_rows), len(span_rows), len(call_rows),
-              resource_rows)
+              resource_rows, RECORD_FORMAT)
     return record, (calls, edges, retention)

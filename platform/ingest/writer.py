@@ -11,7 +11,7 @@ from pathlib import Path
 from traces.store import ClickHouseStore, StoreUnavailable
 
 from . import metrics
-from .rows import CALL_COLUMNS, RESOURCE_COLUMNS, SPAN_COLUMNS, SPAN_COLUMNS_INLINE_RESOURCE, bulk_insert_settings
+from .rows import RESOURCE_COLUMNS, bulk_insert_settings, call_columns_of, span_columns_of
 from .spool import Spool
 
 log = logging.getLogger(__name__)
@@ -123,20 +123,18 @@ class SpanWriter(threading.Thread):
                 raise
             if len(self._resources_written) > 10_000:
                 self._resources_written = set(resource_rows)
-        # Each record holds JSONCompactEachRow blobs; a batch is their concatenation. Span rows spooled
-        # before span_resources existed carry their resource inline and no resource_id.
-        current = [r for _, r in records if len(r) > 6]
-        if len(current) == len(records):
-            groups = ((SPAN_COLUMNS, current),)
-        else:
-            groups = ((SPAN_COLUMNS, current), (SPAN_COLUMNS_INLINE_RESOURCE, [r for _, r in records if len(r) <= 6]))
-        for columns, group in groups:
-            blobs = [record[2] for record in group if record[2]]
-            if blobs:
-                self._insert_blob("spans", columns, b"\n".join(blobs), sum(record[4] for record in group))
-        blobs = [record[3] for _, record in records if record[3]]
-        if blobs:
-            self._insert_blob("llm_calls", CALL_COLUMNS, b"\n".join(blobs), sum(record[5] for _, record in records))
+        # Each record holds JSONCompactEachRow blobs; a batch is their concatenation, one per column list
+        # (records spooled by an earlier version hold fewer columns: rows.span_columns_of / call_columns_of).
+        for table, columns_of, blob_index, count_index in (
+            ("spans", span_columns_of, 2, 4), ("llm_calls", call_columns_of, 3, 5),
+        ):
+            groups: dict[tuple, list] = {}
+            for _, record in records:
+                if record[blob_index]:
+                    groups.setdefault(columns_of(record), []).append(record)
+            for columns, group in groups.items():
+                self._insert_blob(table, columns, b"\n".join(record[blob_index] for record in group),
+                                  sum(record[count_index] for record in group))
 
     def _insert_blob(self, table: str, columns, blob: bytes, rows: int) -> None:
         started = time.perf_counter()

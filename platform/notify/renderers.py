@@ -91,8 +91,8 @@ def _diagnosis_lines(diagnosis: dict | None) -> list[str]:
     contributors = diagnosis.get("top_contributors")
     if isinstance(contributors, list) and contributors:
         shown = []
-        for c in contributors[:3]:
-            if isinstance(c, dict):
+        for c in contributors[:6]:  # one per dimension: model, prompt bucket, engine config, replica group
+            if isinstance(c, dict) and c.get("value") not in ("", None):  # '' = not known
                 shown.append(f"{c.get('dimension', '?')}={c.get('value', '?')}")
         if shown:
             lines.append("Top contributors: " + ", ".join(shown))

@@ -44,6 +44,7 @@ OPENAPI = {
                     "trace_id": {"type": "string"}, "request_key": {"type": "string"}, "request_id": {"type": "string"},
                     "start_time": {"type": "string", "format": "date-time"}, "service": {"type": "string"},
                     "model": {"type": "string"}, "engine_config": {"type": "string"},
+                    "replica_group": {"type": "string", "description": "'' when the engine did not say"},
                     "prompt_tokens": {"type": ["integer", "null"]}, "completion_tokens": {"type": ["integer", "null"]},
                     "prompt_bucket": {"type": "string"},
                     **{name: _NUM for name in (
@@ -113,11 +114,13 @@ OPENAPI = {
                     {"name": "until", "in": "query", "schema": {"type": "string", "format": "date-time"},
                      "description": "default: now"},
                     {"name": "group_by", "in": "query", "schema": {"type": "string"},
-                     "description": "comma-separated subset of model, service, prompt_bucket, engine_config"},
+                     "description": "comma-separated subset of model, service, prompt_bucket, engine_config, "
+                                    "replica_group"},
                     {"name": "model", "in": "query", "schema": {"type": "string"}},
                     {"name": "service", "in": "query", "schema": {"type": "string"}},
                     {"name": "engine_config", "in": "query", "schema": {"type": "string"}},
                     {"name": "prompt_bucket", "in": "query", "schema": {"type": "string"}},
+                    {"name": "replica_group", "in": "query", "schema": {"type": "string"}},
                     {"name": "exact", "in": "query", "schema": {"type": "boolean"},
                      "description": "exact percentiles instead of t-digest (slower)"},
                     _PROJECT,
@@ -130,7 +133,7 @@ OPENAPI = {
                             "group_by": {"type": "array", "items": {"type": "string"}},
                             "filters": {"type": "object", "additionalProperties": {"type": "string"},
                                         "description": "the filters applied (model, service, engine_config, "
-                                                       "prompt_bucket)"},
+                                                       "prompt_bucket, replica_group)"},
                             "quantiles": {"type": "object", "properties": {
                                 "method": {"enum": ["exact", "t-digest"]}, "error": {"type": "string"}}},
                             "groups": {"type": "array", "items": {"$ref": "#/components/schemas/SummaryGroup"}},

@@ -70,7 +70,7 @@ e2e is its span duration, except the engine hop, whose e2e is ``engine_e2e_ms`` 
 - ``ttft_ms`` = the outermost hop's ttft; ``engine_ttft_ms`` = the engine's.
 - ``tpot_ms`` = decode / (completion_tokens - 1) if completion_tokens > 1 and decode
   is known (vLLM's definition).
-- ``request_id``, ``model``, ``engine_config``, ``prompt_tokens``,
+- ``request_id``, ``model``, ``engine_config``, ``replica_group``, ``prompt_tokens``,
   ``completion_tokens``: the engine's value, else the gateway's, else the client's.
 - ``status``: 'error' if any hop ``is_error``, else 'ok'.
 
@@ -134,6 +134,7 @@ class RequestRecord:
     decode_ms: float | None
     hops: list[Hop]
     status: str                       # 'ok' | 'error'
+    replica_group: str | None         # the group of the engine replica (else as the gateway or client saw it)
 
 
 def prompt_bucket(tokens: int | None) -> str:
@@ -246,6 +247,7 @@ def _record(client: LLMCall | None, gateway: LLMCall | None, engine: LLMCall | N
         decode,  # decode_ms
         hops,
         "error" if error else "ok",  # status
+        _first(e.replica_group, g.replica_group, c.replica_group),  # replica_group
     )
 
 
@@ -253,7 +255,7 @@ class _NoCall:
     """Stand-in for an absent hop: every optional figure is None."""
 
     __slots__ = ()
-    prompt_tokens = completion_tokens = request_id = model = engine_config = None
+    prompt_tokens = completion_tokens = request_id = model = engine_config = replica_group = None
     is_error = False
 
 

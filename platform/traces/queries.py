@@ -9,8 +9,8 @@ from typing import Any
 from . import rollups
 from .store import ClickHouseStore
 
-GROUP_DIMENSIONS = ("model", "service", "prompt_bucket", "engine_config")
-FILTER_DIMENSIONS = ("model", "service", "engine_config", "prompt_bucket")
+GROUP_DIMENSIONS = ("model", "service", "prompt_bucket", "engine_config", "replica_group")
+FILTER_DIMENSIONS = ("model", "service", "engine_config", "prompt_bucket", "replica_group")
 TAIL_METRICS = ("e2e_ms", "ttft_ms", "tpot_ms")  # p50/p95/p99
 COMPONENT_METRICS = ("network_ms", "overhead_ms", "queue_ms", "prefill_ms", "decode_ms")  # p50/p95
 LEVELS = (0.5, 0.95, 0.99)
@@ -20,7 +20,8 @@ TDIGEST_ERROR_NOTE = (
 )
 
 REQUEST_FIELDS = (
-    "trace_id", "request_key", "request_id", "start_time", "service", "model", "engine_config", "prompt_tokens",
+    "trace_id", "request_key", "request_id", "start_time", "service", "model", "engine_config", "replica_group",
+    "prompt_tokens",
     "completion_tokens", "prompt_bucket", "e2e_ms", "ttft_ms", "engine_ttft_ms", "tpot_ms", "network_ms",
     "network_client_gateway_ms", "network_gateway_engine_ms", "overhead_ms", "queue_ms", "prefill_ms", "decode_ms",
     "hops", "status",

@@ -26,13 +26,13 @@ REQUEST_COLUMNS = (
     "project_id", "trace_id", "request_key", "request_id", "start_time", "service", "model", "engine_config",
     "prompt_tokens", "completion_tokens", "prompt_bucket", "e2e_ms", "ttft_ms", "engine_ttft_ms", "tpot_ms",
     "network_ms", "network_client_gateway_ms", "network_gateway_engine_ms", "overhead_ms", "queue_ms",
-    "prefill_ms", "decode_ms", "hops", "status", "version", "is_deleted", "retention_days",
+    "prefill_ms", "decode_ms", "hops", "status", "version", "is_deleted", "retention_days", "replica_group",
 )
 
 _CALL_FIELDS = (
     "trace_id, span_id, parent_span_id, role, convention, service, name, start_ns, end_ns, model, request_id, "
     "prompt_tokens, completion_tokens, streaming, is_error, ttft_ms, engine_e2e_ms, queue_ms, prefill_ms, "
-    "decode_ms, inference_ms, engine_config, retention_days"
+    "decode_ms, inference_ms, engine_config, retention_days, replica_group"
 )
 _CHUNK = 5000
 _NS_PER_HOUR = 3_600 * 1_000_000_000
@@ -40,13 +40,14 @@ _NS_PER_HOUR = 3_600 * 1_000_000_000
 
 def _call_from_row(row) -> tuple[LLMCall, int]:
     (trace_id, span_id, parent, role, convention, service, name, start_ns, end_ns, model, request_id, prompt,
-     completion, streaming, is_error, ttft, e2e, queue, prefill, decode, inference, engine_config, retention) = row
+     completion, streaming, is_error, ttft, e2e, queue, prefill, decode, inference, engine_config, retention,
+     replica_group) = row
     call = LLMCall(
         trace_id=trace_id, span_id=span_id, parent_span_id=parent, role=Role(role), convention=convention,
         service=service, name=name, start_ns=start_ns, end_ns=end_ns, model=model, request_id=request_id,
         prompt_tokens=prompt, completion_tokens=completion, streaming=None if streaming is None else bool(streaming),
         is_error=bool(is_error), ttft_ms=ttft, engine_e2e_ms=e2e, queue_ms=queue, prefill_ms=prefill,
-        decode_ms=decode, inference_ms=inference, engine_config=engine_config,
+        decode_ms=decode, inference_ms=inference, engine_config=engine_config, replica_group=replica_group,
     )
     return call, retention
 
@@ -71,13 +72,13 @@ def request_row(project_id: int, record: RequestRecord, version: int, retention_
             }
             for hop in record.hops
         ],
-        record.status, version, 0, retention_days,
+        record.status, version, 0, retention_days, record.replica_group or "",
     ]
 
 
 def tombstone_row(project_id: int, trace_id: str, request_key: str, start_us: int, version: int) -> list:
     return [project_id, trace_id, request_key, "", _us_text(start_us), "", "", "", None, None, "", None, None, None,
-            None, None, None, None, None, None, None, None, [], "", version, 1, 1]
+            None, None, None, None, None, None, None, None, [], "", version, 1, 1, ""]
 
 
 class TraceMemory:

@@ -18,7 +18,7 @@ log = logging.getLogger(__name__)
 
 ROLLUP_METRICS = ("e2e_ms", "ttft_ms", "tpot_ms", "network_ms", "overhead_ms", "queue_ms", "prefill_ms", "decode_ms")
 QUANTILES = "quantilesTDigest(0.5, 0.95, 0.99)"
-DIMENSIONS = ("service", "model", "engine_config", "prompt_bucket")
+DIMENSIONS = ("service", "model", "engine_config", "prompt_bucket", "replica_group")
 
 
 def record_touches(store: ClickHouseStore, project_id: int, hours: set[int], version: int) -> None:

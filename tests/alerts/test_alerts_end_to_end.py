@@ -140,6 +140,8 @@ def test_queueing_burns_a_ttft_slo_and_the_page_names_queue_time(tmp_path, fresh
         diagnosis = event["diagnosis"]
         assert diagnosis["dominant_component"] == "queue", diagnosis
         assert diagnosis["top"]["engine_config"] == EngineConfig.from_dict(SMALL).version
+        assert diagnosis["top"]["replica_group"] == "small"  # from the replica's resource attributes
+        assert "top replica_group small" in diagnosis["summary"]
         assert "max_num_seqs (now 2" in diagnosis["suggestion"] and "group small" in diagnosis["suggestion"]
         assert diagnosis["engine_knobs_source"] == "fleet controller"
 

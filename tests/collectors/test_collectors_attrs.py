@@ -81,6 +81,17 @@ def test_engine_config_prefers_resource_then_span(make_span):
     assert attrs.engine_config_of(make_span("s")) is None
 
 
+def test_replica_group_prefers_resource_then_span(make_span):
+    # The platform's replicas say it on their resource, its gateway on the span it routed.
+    both = make_span("s", resource={"llm_observatory.replica_group": "canary"},
+                     attributes={"llm_observatory.replica_group": "stable"})
+    assert attrs.replica_group_of(both) == "canary"
+    span_only = make_span("s", attributes={"llm_observatory.replica_group": "stable"})
+    assert attrs.replica_group_of(span_only) == "stable"
+    assert attrs.replica_group_of(make_span("s")) is None
+    assert attrs.replica_group_of(make_span("s", resource={"llm_observatory.replica_group": ""})) is None
+
+
 def test_is_error_from_status_or_error_type(make_span):
     assert attrs.is_error(make_span("s", status_code=STATUS_ERROR))
     assert attrs.is_error(make_span("s", attributes={"error.type": "timeout"}))

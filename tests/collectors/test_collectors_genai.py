@@ -71,7 +71,7 @@ def test_missing_optional_attributes_are_none(make_span):
     call = genai.normalise(make_span("chat", kind=SPAN_KIND_CLIENT, attributes={
         "gen_ai.operation.name": "chat", "gen_ai.provider.name": "openai"}))
     for field in ("model", "request_id", "prompt_tokens", "completion_tokens", "streaming", "ttft_ms",
-                  "engine_config"):
+                  "engine_config", "replica_group"):
         assert getattr(call, field) is None, field
 
 

@@ -69,7 +69,7 @@ KNOWN_KEYS = sorted({
 } | {
     "gen_ai.request.stream", "gen_ai.server.time_to_first_token", "llm.response.model_name",
     "llm.request.model_name", "error.type", "litellm.request.purpose", "gen_ai.output.type",
-    "llm_observatory.engine_config",
+    "llm_observatory.engine_config", "llm_observatory.replica_group",
 })
 NAMES = sorted({sample.span.name for sample in SAMPLES})
 SCALARS = st.one_of(
@@ -91,7 +91,8 @@ def arbitrary_spans(draw):
     attributes = draw(st.dictionaries(st.sampled_from(KNOWN_KEYS), VALUES, max_size=12))
     resource = draw(st.dictionaries(
         st.sampled_from(["service.name", "vllm.instrumenting_module_name", "llm_observatory.simulated",
-                         "llm_observatory.engine_config"]), VALUES, max_size=3))
+                         "llm_observatory.engine_config", "llm_observatory.replica_group"]), VALUES,
+        max_size=3))
     events = [SpanEvent(time_ns=draw(TIMES), name=name, attributes={})
               for name in draw(st.lists(st.sampled_from(EVENT_NAMES), max_size=3))]
     return SpanView(

@@ -29,6 +29,7 @@ def test_typical_llm_request(payloads):
     assert call.streaming is None  # vLLM does not say
     assert call.is_error is False
     assert call.engine_config is None
+    assert call.replica_group is None
 
 
 def test_simulator_span_is_accepted_with_its_engine_config(payloads):
@@ -36,12 +37,14 @@ def test_simulator_span_is_accepted_with_its_engine_config(payloads):
         "service.name": "engine-sim-0",
         "llm_observatory.simulated": True,
         "llm_observatory.engine_config": "cfg-7f3a",
+        "llm_observatory.replica_group": "canary",
     })
     call = vllm.normalise(span)
     assert call is not None
     assert call.role is Role.ENGINE
     assert call.service == "engine-sim-0"
     assert call.engine_config == "cfg-7f3a"
+    assert call.replica_group == "canary"
     assert call.prefill_ms == pytest.approx(70.3)
 
 

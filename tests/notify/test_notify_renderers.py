@@ -17,7 +17,9 @@ DIAGNOSIS = {
                    "prefill": {"delta_ms": 12.0}, "decode": {"delta_ms": None}},
     "dominant_component": "queue",
     "top_contributors": [{"dimension": "engine_config", "value": "baseline-v2", "bad_share": 0.92},
-                         {"dimension": "model", "value": "llama-3.1-8b"}],
+                         {"dimension": "model", "value": "llama-3.1-8b"},
+                         {"dimension": "prompt_bucket", "value": "<1k"},
+                         {"dimension": "replica_group", "value": "canary"}],
     "suggestion": "Queue-dominated: raise max_num_seqs (now 2) or add replicas.",
 }
 
@@ -88,7 +90,11 @@ def test_slack_text_and_blocks_with_the_diagnosis():
     assert "*Severity:* page" in fields and "*SLO:* chat-ttft" in fields and "83.0%" in fields and "15.2×" in fields
     diagnosis = body["blocks"][3]["text"]["text"]
     assert diagnosis.startswith("*Diagnosis*") and "queue +860 ms" in diagnosis and "max_num_seqs" in diagnosis
-    assert "engine_config=baseline-v2" in diagnosis
+    assert "engine_config=baseline-v2" in diagnosis and "replica_group=canary" in diagnosis
+    unknown_group = firing_event()
+    unknown_group["diagnosis"] = {**DIAGNOSIS, "top_contributors": [
+        *DIAGNOSIS["top_contributors"][:3], {"dimension": "replica_group", "value": ""}]}
+    assert "replica_group" not in renderers.render_slack(unknown_group)["blocks"][3]["text"]["text"]
     assert diagnosis.count("raise max_num_seqs") == 1  # the suggestion is in the summary already
     assert "3f2a9c" in body["blocks"][4]["elements"][0]["text"]
 

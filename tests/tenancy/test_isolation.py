@@ -103,7 +103,10 @@ def test_summary_over_rollups_stays_per_project(fresh_platform_factory):
     starts = [now - 50 * 3600 * 10**9, now - 3 * 3600 * 10**9, now - 3 * 3600 * 10**9 + 600 * 10**9, now - 10**10]
     for project, e2e in (("alpha", 0.1), ("beta", 0.3)):
         spans = [engine_span(model=model, start_ns=start, e2e_s=e2e, decode_s=e2e / 2) for start in starts]
-        export_protobuf(platform, pb_request((vllm_resource(), spans)), platform.keys[project])
+        # two replica groups, so grouping by them goes through the rollups too (the day-old request in "blue")
+        export_protobuf(platform, pb_request((vllm_resource(replica_group="blue"), spans[::2]),
+                                             (vllm_resource(replica_group="green"), spans[1::2])),
+                        platform.keys[project])
     platform.process.wait_idle()
     time.sleep(2)  # several rollup rounds: the closed hours and the closed day are rolled up by now
     since = (dt.datetime.now(dt.timezone.utc) - dt.timedelta(days=3)).isoformat().replace("+00:00", "Z")
@@ -116,6 +119,10 @@ def test_summary_over_rollups_stays_per_project(fresh_platform_factory):
             assert group["count"] == len(starts), (token, exact, group)
             assert group["e2e_ms"]["p50"] == pytest.approx(e2e, abs=0.001), (token, exact)
             assert group["e2e_ms"]["p99"] == pytest.approx(e2e, abs=0.001), (token, exact)
+            status, body = api(platform, f"/api/v1/latency/summary?group_by=replica_group&since={since}"
+                               f"&exact={exact}", platform.tokens[token])
+            assert status == 200, body
+            assert {g["key"]["replica_group"]: g["count"] for g in body["groups"]} == {"blue": 2, "green": 2}
 
 
 @pytest.mark.parametrize("path", ["/api/v1/requests?trace_id={trace}&project={project}",

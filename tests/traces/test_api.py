@@ -24,20 +24,24 @@ TAG = uuid.uuid4().hex[:8]
 M1, M2 = f"api-model-one-{TAG}", f"api-model-two-{TAG}"
 SVC_A, SVC_B = f"svc-a-{TAG}", f"svc-b-{TAG}"
 CFG_1, CFG_2 = f"cfg-1-{TAG}", f"cfg-2-{TAG}"
+STABLE, CANARY = f"stable-{TAG}", f"canary-{TAG}"
 SUMMARY = "/api/v1/latency/summary"
 
 
-def engine_request(model: str, service: str, config: str, e2e_s: float, prompt_tokens: int, start_ns: int):
+def engine_request(model: str, service: str, config: str, e2e_s: float, prompt_tokens: int, start_ns: int,
+                   replica_group: str | None = None):
     span = engine_span(model=model, e2e_s=e2e_s, queue_s=e2e_s / 8, prefill_s=e2e_s / 4, decode_s=e2e_s / 2,
                        ttft_s=e2e_s / 2, prompt_tokens=prompt_tokens, completion_tokens=11, start_ns=start_ns)
-    return vllm_resource(service, engine_config=config), span
+    return vllm_resource(service, engine_config=config, replica_group=replica_group), span
 
 
 @pytest.fixture(scope="module")
 def dataset(live_platform):
-    """Three requests of M1 (e2e 100/200/400 ms, svc-a, cfg-1, short prompts), one of M2 (900 ms, svc-b, cfg-2)."""
+    """Three requests of M1 (e2e 100/200/400 ms, svc-a, cfg-1, short prompts; replica groups stable, canary,
+    stable), one of M2 (900 ms, svc-b, cfg-2, no replica group)."""
     start = time.time_ns() - 60_000 * MS
-    groups = [engine_request(M1, SVC_A, CFG_1, e2e, 100, start + i * MS) for i, e2e in enumerate((0.1, 0.4, 0.2))]
+    groups = [engine_request(M1, SVC_A, CFG_1, e2e, 100, start + i * MS, replica_group)
+              for i, (e2e, replica_group) in enumerate(((0.1, STABLE), (0.4, CANARY), (0.2, STABLE)))]
     groups.append(engine_request(M2, SVC_B, CFG_2, 0.9, 5000, start))
     export_protobuf(live_platform, pb_request(*[(resource, [span]) for resource, span in groups]),
                     live_platform.keys["alpha"])
@@ -76,6 +80,14 @@ def test_trace_id_is_case_insensitive(live_platform, dataset):
     [lower] = requests_of(live_platform, trace_id, live_platform.tokens["alice"])
     [upper] = requests_of(live_platform, trace_id.upper(), live_platform.tokens["alice"])
     assert lower == upper and lower["trace_id"] == trace_id
+
+
+def test_requests_carry_the_replica_group(live_platform, dataset):
+    token = live_platform.tokens["alice"]
+    [first] = requests_of(live_platform, dataset["traces"][1], token)
+    assert first["replica_group"] == CANARY
+    [unknown] = requests_of(live_platform, dataset["traces"][3], token)
+    assert unknown["replica_group"] == ""  # the engine did not say
 
 
 def test_unknown_trace_is_an_empty_list(live_platform):
@@ -139,6 +151,9 @@ def test_group_by_combinations(live_platform, dataset):
     overall = summary(live_platform, group_by="", model=M1)
     assert overall["group_by"] == [] and [g["key"] for g in overall["groups"]] == [{}]
     assert overall["groups"][0]["count"] == 3
+    by_group = summary(live_platform, group_by="replica_group", model=M1, exact="1")
+    assert {g["key"]["replica_group"]: (g["count"], g["e2e_ms"]["p50"]) for g in by_group["groups"]} == {
+        STABLE: (2, pytest.approx(200.0, abs=0.001)), CANARY: (1, pytest.approx(400.0, abs=0.001))}
 
 
 # -- filters and percentiles -----------------------------------------------------------------------------------
@@ -154,6 +169,9 @@ def test_group_by_combinations(live_platform, dataset):
     ({"prompt_bucket": "<16k", "service": SVC_B}, {M2: 1}),
     ({"model": M1, "service": SVC_B}, {}),
     ({"model": M1, "engine_config": CFG_1, "service": SVC_A}, {M1: 3}),
+    ({"replica_group": CANARY}, {M1: 1}),
+    ({"replica_group": STABLE, "model": M1}, {M1: 2}),
+    ({"replica_group": CANARY, "model": M2}, {}),
     ({"model": "no-such-model"}, {}),
     ({"model": "' OR 1=1 --"}, {}),
 ])
@@ -241,7 +259,7 @@ def test_openapi_document_is_3_1_with_both_paths(openapi):
     assert parameters["trace_id"]["required"] is True
     summary_parameters = {p["name"] for p in openapi["paths"]["/api/v1/latency/summary"]["get"]["parameters"]}
     assert {"since", "until", "group_by", "exact", "project", "model", "service", "engine_config",
-            "prompt_bucket"} <= summary_parameters
+            "prompt_bucket", "replica_group"} <= summary_parameters
 
 
 def test_openapi_refs_resolve(openapi):

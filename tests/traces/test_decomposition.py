@@ -102,6 +102,25 @@ def test_client_gateway_engine_chain():
     assert sum(components(rec)) == pytest.approx(rec.e2e_ms, abs=1e-6)
 
 
+@pytest.mark.parametrize("engine_group, gateway_group, expected", [
+    ("canary", "stable", "canary"),  # the replica says which group it is in: that wins
+    (None, "stable", "stable"),      # an engine that does not say: the group the gateway routed to
+    ("", "stable", "stable"),
+    (None, None, None),
+])
+def test_replica_group_engine_first_then_gateway(engine_group, gateway_group, expected):
+    c = call("c1", "", "client", 0, 1000)
+    g = call("g1", "c1", "gateway", 10, 990, replica_group=gateway_group)
+    e = engine("e1", "g1", replica_group=engine_group)
+    for calls in ([c, g, e], [e, g, c]):  # the fast path for simple chains and the general rules agree
+        [rec] = decompose_trace(calls, parents_of(calls))
+        assert rec.replica_group == expected
+    two_engines = [c, g, e, engine("e2", "g1", start_ms=5, end_ms=6, replica_group="other")]
+    records = {r.request_key: r for r in decompose_trace(two_engines, parents_of(two_engines))}  # general rules
+    assert records["e1"].replica_group == expected  # the retry ending last has the gateway and client hops
+    assert records["e2"].replica_group == "other"
+
+
 def test_engine_only():
     e = engine("e1", "")
     [rec] = decompose_trace([e], parents_of([e]))
