@@ -460,14 +460,17 @@ async def _stream_body(generation: _Generation, response: web.StreamResponse) ->
             if request.include_usage:
                 pieces.append(_sse(usage_chunk(request, request_id, created, sent)))
             pieces.append(SSE_DONE)
+        # Stamped when the output is handed to the HTTP layer, as vLLM's output processor stamps it before
+        # the API server writes: stamped after the write, a busy machine could delay the stamp past the
+        # moment the client (and the gateway) already had the bytes, and the engine's e2e would exceed theirs.
+        handed = time.monotonic()
         await response.write(b"".join(pieces))
-        now = time.monotonic()
         if first_output is None:
-            first_output = now
-            state.metrics.time_to_first_token.observe(now - tracked.sim.arrival_time)
+            first_output = handed
+            state.metrics.time_to_first_token.observe(handed - tracked.sim.arrival_time)
         if done:
             await response.write_eof()
-            _record_finished(generation, first_output, time.monotonic())
+            _record_finished(generation, first_output, handed)
             return
 
 
@@ -487,10 +490,11 @@ async def _respond(generation: _Generation) -> web.StreamResponse:
     body = orjson.dumps(full_response(request, generation.request_id, generation.created, text,
                                       generation.finish_reason, tracked.released))
     response = web.Response(body=body, status=200, content_type="application/json")
+    handed = time.monotonic()  # before the write (see _stream_body)
     await response.prepare(generation.http_request)
     await response.write_eof()
-    first_output = tracked.first_release if tracked.first_release is not None else time.monotonic()
-    _record_finished(generation, first_output, time.monotonic())
+    first_output = tracked.first_release if tracked.first_release is not None else handed
+    _record_finished(generation, first_output, handed)
     return response
 
 
