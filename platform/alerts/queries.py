@@ -15,7 +15,7 @@ except ImportError:  # pragma: no cover - the slo app is part of the platform
 COMPONENTS = ("network_ms", "overhead_ms", "queue_ms", "prefill_ms", "decode_ms")
 HOP_COLUMNS = ("network_client_gateway_ms", "network_gateway_engine_ms")
 FIGURES = ("e2e_ms", "ttft_ms", "tpot_ms", *COMPONENTS, *HOP_COLUMNS)
-FILTER_DIMENSIONS = ("service", "model", "prompt_bucket", "engine_config")
+FILTER_DIMENSIONS = ("service", "model", "prompt_bucket", "engine_config", "replica_group")  # as SLO filters
 CONTRIBUTOR_DIMENSIONS = ("model", "prompt_bucket", "engine_config", "replica_group")
 WINDOWS = ("burning", "baseline")
 _SETTINGS = " SETTINGS do_not_merge_across_partitions_select_final = 1"

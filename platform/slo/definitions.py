@@ -12,7 +12,7 @@ from decimal import Decimal, InvalidOperation
 from . import burn
 from .models import LATENCY_SLIS, SLO, NoDataPolicy, Sli
 
-FILTER_DIMENSIONS = ("service", "model", "prompt_bucket", "engine_config")
+FILTER_DIMENSIONS = ("service", "model", "prompt_bucket", "engine_config", "replica_group")
 PROMPT_BUCKETS = ("<256", "<1k", "<4k", "<16k", ">=16k", "unknown")
 PERIODS_DAYS = (28, 30)
 FIELDS = (

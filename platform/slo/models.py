@@ -37,7 +37,8 @@ class SLO(models.Model):
     objective = models.FloatField(help_text="share of good requests, 0 < objective < 1 (0.99 = 99%)")
     period_days = models.PositiveSmallIntegerField(default=30, help_text="28 or 30")
     filters = models.JSONField(default=dict, blank=True,
-                               help_text='{"service": [...], "model": [...], "prompt_bucket": [...], "engine_config": [...]}')
+                               help_text='{"service": [...], "model": [...], "prompt_bucket": [...], "engine_config": [...], '
+                                         '"replica_group": [...]}')
     tiers = models.JSONField(default=list, blank=True,
                              help_text='[{"name", "severity", "long_window", "short_window", "factor"}]; [] = defaults')
     min_requests = models.PositiveIntegerField(default=20, help_text="requests needed in a tier's long window")

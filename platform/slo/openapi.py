@@ -1,4 +1,5 @@
 """OpenAPI paths and schemas of the slo app, merged into /api/v1/openapi.json by observatory/openapi.py."""
+from .definitions import FILTER_DIMENSIONS
 
 _NUM = {"type": ["number", "null"]}
 _ERROR = {"description": "error", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
@@ -40,8 +41,8 @@ SCHEMAS: dict = {
             "objective": {"oneOf": [{"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 1},
                                     {"type": "string", "examples": ["99.9%"]}]},
             "period": {"enum": ["28d", "30d", 28, 30], "default": "30d"},
-            "filters": {"type": "object", "properties": {k: _FILTER for k in (
-                "service", "model", "prompt_bucket", "engine_config")}, "additionalProperties": False},
+            "filters": {"type": "object", "properties": {k: _FILTER for k in FILTER_DIMENSIONS},
+                        "additionalProperties": False},
             "tiers": {"oneOf": [{"const": "default"}, {"type": "array", "items": _TIER, "minItems": 1, "maxItems": 8}],
                       "default": "default"},
             "min_requests": {"type": "integer", "minimum": 0, "default": 20},

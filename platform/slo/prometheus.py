@@ -33,7 +33,8 @@ TPOT_HISTOGRAMS = {
 }
 SUCCESS_COUNTER = "vllm:request_success_total"
 ERROR_MATCHER = 'finished_reason="error"'
-# Filters with a vLLM metric label; the others (service, prompt_bucket, engine_config) exist only in traces.
+# Filters with a vLLM metric label; the others (service, prompt_bucket, engine_config, replica_group) exist only
+# in traces.
 LABEL_FOR_FILTER = {"model": "model_name"}
 _MATCHER = re.compile(r'^\s*[a-zA-Z_][a-zA-Z0-9_]*\s*(=~|!~|!=|=)\s*"(?:[^"\\]|\\.)*"\s*$')
 

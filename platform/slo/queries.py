@@ -23,6 +23,7 @@ from typing import Any
 from traces.store import ClickHouseStore
 
 from .burn import WindowCounts
+from .definitions import FILTER_DIMENSIONS
 
 BUCKET = dt.timedelta(minutes=5)
 HOUR = dt.timedelta(hours=1)
@@ -33,7 +34,7 @@ METRIC_SQL = {
     "e2e_ms": "e2e_ms",
     "queue_ms": "queue_ms",
 }
-FILTER_COLUMNS = ("service", "model", "prompt_bucket", "engine_config")
+FILTER_COLUMNS = FILTER_DIMENSIONS  # columns of llm_requests
 
 
 @dataclasses.dataclass(frozen=True)

@@ -19,7 +19,7 @@ COLUMNS = (
     "project_id", "trace_id", "request_key", "request_id", "start_time", "service", "model", "engine_config",
     "prompt_tokens", "completion_tokens", "prompt_bucket", "e2e_ms", "ttft_ms", "engine_ttft_ms", "tpot_ms",
     "network_ms", "network_client_gateway_ms", "network_gateway_engine_ms", "overhead_ms", "queue_ms",
-    "prefill_ms", "decode_ms", "hops", "status", "version", "is_deleted", "retention_days",
+    "prefill_ms", "decode_ms", "hops", "status", "version", "is_deleted", "retention_days", "replica_group",
 )
 
 
@@ -59,7 +59,7 @@ def main() -> int:
             "tpot_ms": rng.choice([None, rng.uniform(0, 80)]), "network_ms": None, "network_client_gateway_ms": None,
             "network_gateway_engine_ms": None, "overhead_ms": None, "queue_ms": rng.choice([None, rng.uniform(0, 300)]),
             "prefill_ms": None, "decode_ms": None, "hops": "[]", "status": "error" if rng.random() < 0.05 else "ok",
-            "version": 1, "is_deleted": 0, "retention_days": 30,
+            "version": 1, "is_deleted": 0, "retention_days": 30, "replica_group": rng.choice(["", "blue", "green"]),
         })
 
     def insert(batch, version):
@@ -79,6 +79,7 @@ def main() -> int:
         queries.SliDefinition(13, "error_ratio", None, (("engine_config", ("canary",)), ("service", ("c",)))),
         queries.SliDefinition(14, "tpot_ms", 40.0, (("model", ("m2",)), ("prompt_bucket", ("<1k", "<4k")))),
         queries.SliDefinition(15, "queue_ms", 150.0, ()),
+        queries.SliDefinition(16, "ttft_ms", 300.0, (("replica_group", ("green",)),)),
     ]
     windows = [dt.timedelta(minutes=m) for m in (5, 30, 37, 60, 93, 120, 360, 1440, 4320)]
 

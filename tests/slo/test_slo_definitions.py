@@ -148,6 +148,8 @@ def test_every_problem_is_reported_at_once():
 def test_filters_are_normalised_to_sorted_lists():
     fields = validate({**BASE, "filters": {"model": ["b", "a", "a"], "service": "chat-app"}})
     assert fields["filters"] == {"model": ["a", "b"], "service": ["chat-app"]}
+    fields = validate({**BASE, "filters": {"replica_group": "canary", "engine_config": ["cfg-b", "cfg-a"]}})
+    assert fields["filters"] == {"engine_config": ["cfg-a", "cfg-b"], "replica_group": ["canary"]}
 
 
 def test_not_a_mapping():
