@@ -59,38 +59,6 @@ def slo_definitions(count: int) -> list[dict]:
     return out
 
 
-def seed_rows(store, project_id: int, rows: int, days: int, end: dt.datetime) -> None:
-    from traces import rollups
-
-    start = end - dt.timedelta(days=days)
-    step_us = int(days * 86400 * 1e6 / rows)
-    version = time.time_ns()
-    store.tenant_command(
-        f"INSERT INTO {store.table('llm_requests')} (project_id, trace_id, request_key, request_id, start_time, "
-        "service, model, engine_config, prompt_tokens, completion_tokens, prompt_bucket, e2e_ms, ttft_ms, "
-        "engine_ttft_ms, tpot_ms, network_ms, overhead_ms, queue_ms, prefill_ms, decode_ms, hops, status, version, "
-        "is_deleted, retention_days) "
-        "SELECT {project_id:UInt32}, lower(hex(sipHash128(number))), lower(hex(sipHash64(number))), '', "
-        "fromUnixTimestamp64Micro(toInt64({start_us:Int64} + number * {step_us:Int64})), "
-        "['chat-app', 'agent', 'batch'][number % 3 + 1], "
-        "['meta-llama/Llama-3.1-8B-Instruct', 'meta-llama/Llama-3.1-70B-Instruct', 'Qwen/Qwen2.5-32B-Instruct'][number % 7 % 3 + 1], "
-        "['baseline', 'canary'][number % 10 = 0 ? 2 : 1], "
-        "toUInt32(p), toUInt32(c), multiIf(p < 256, '<256', p < 1024, '<1k', p < 4096, '<4k', p < 16384, '<16k', '>=16k'), "
-        "net + ovh + q + pre + dec, if(number % 5 = 0, NULL, net + ovh / 2 + q + pre), q + pre, dec / greatest(c - 1, 1), "
-        "net, ovh, q, pre, dec, '[]', if(number % 97 = 0, 'error', 'ok'), {version:UInt64}, 0, {retention:UInt16} "
-        "FROM (SELECT number, 50 + sipHash64(number, 1) % 8000 AS p, 16 + sipHash64(number, 2) % 600 AS c, "
-        "      1 + sipHash64(number, 3) % 2000 / 100 AS net, 2 + sipHash64(number, 4) % 1000 / 100 AS ovh, "
-        "      sipHash64(number, 5) % 20000 / 100 AS q, p / 40 AS pre, c * (8 + sipHash64(number, 6) % 2000 / 100) AS dec "
-        "      FROM numbers({rows:UInt64}))",
-        project_id=project_id,
-        parameters={"start_us": int(start.timestamp() * 1e6), "step_us": step_us, "rows": rows, "version": version,
-                    "retention": days + 5},
-    )
-    first_hour = start.replace(minute=0, second=0, microsecond=0)
-    hours = {int((first_hour + dt.timedelta(hours=h)).timestamp()) for h in range(days * 24 + 2)}
-    rollups.record_touches(store, project_id, hours, version)
-
-
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rows", type=int, default=10_000_000)
@@ -109,6 +77,7 @@ def main(argv=None) -> None:
 
     django.setup()
     from django.core.management import call_command
+    from observatory.bench.seed import seed_requests
     from tenancy.models import Project
     from traces import ch_migrate
     from traces.store import get_store, reset_store
@@ -123,7 +92,8 @@ def main(argv=None) -> None:
     ch_migrate.apply(store, log=lambda *_: None)
     now = dt.datetime.now(dt.timezone.utc)
     started = time.perf_counter()
-    seed_rows(store, project.id, args.rows, args.days, now)
+    seed_requests(store, project.id, rows=args.rows, start=now - dt.timedelta(days=args.days), end=now,
+                  retention_days=args.days + 5, ttft_missing_every=5)
     print(f"seeded {args.rows} rows over {args.days} days in {time.perf_counter() - started:.1f}s", file=sys.stderr)
 
     started = time.perf_counter()

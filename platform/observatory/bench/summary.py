@@ -29,36 +29,14 @@ def seed(data_dir: str, project_name: str, rows: int, days: int) -> None:
     from traces import ch_migrate, rollups
     from traces.store import get_store, reset_store
 
+    from .seed import seed_requests
+
     project_id = Project.objects.get(name=project_name).id
     store = get_store()
     ch_migrate.apply(store, log=lambda *_: None)
     end = dt.datetime.now(dt.timezone.utc).replace(minute=0, second=0, microsecond=0)
-    start = end - dt.timedelta(days=days)
-    step_us = int(days * 86400 * 1e6 / rows)
-    version = time.time_ns()
     started = time.perf_counter()
-    store.tenant_command(
-        f"INSERT INTO {store.table('llm_requests')} (project_id, trace_id, request_key, request_id, start_time, "
-        "service, model, engine_config, prompt_tokens, completion_tokens, prompt_bucket, e2e_ms, ttft_ms, "
-        "engine_ttft_ms, tpot_ms, network_ms, overhead_ms, queue_ms, prefill_ms, decode_ms, hops, status, version, "
-        "is_deleted, retention_days) "
-        "SELECT {project_id:UInt32}, lower(hex(sipHash128(number))), lower(hex(sipHash64(number))), '', "
-        "fromUnixTimestamp64Micro(toInt64({start_us:Int64} + number * {step_us:Int64})), "
-        "['chat-app', 'agent', 'batch'][number % 3 + 1], "
-        "['meta-llama/Llama-3.1-8B-Instruct', 'meta-llama/Llama-3.1-70B-Instruct', 'Qwen/Qwen2.5-32B-Instruct'][number % 7 % 3 + 1], "
-        "['baseline', 'canary'][number % 10 = 0 ? 2 : 1], "
-        "toUInt32(p), toUInt32(c), multiIf(p < 256, '<256', p < 1024, '<1k', p < 4096, '<4k', p < 16384, '<16k', '>=16k'), "
-        "net + ovh + q + pre + dec, net + ovh / 2 + q + pre, q + pre, dec / greatest(c - 1, 1), "
-        "net, ovh, q, pre, dec, '[]', if(number % 97 = 0, 'error', 'ok'), {version:UInt64}, 0, 30 "
-        "FROM (SELECT number, 50 + sipHash64(number, 1) % 8000 AS p, 16 + sipHash64(number, 2) % 600 AS c, "
-        "      1 + sipHash64(number, 3) % 2000 / 100 AS net, 2 + sipHash64(number, 4) % 1000 / 100 AS ovh, "
-        "      sipHash64(number, 5) % 20000 / 100 AS q, p / 40 AS pre, c * (8 + sipHash64(number, 6) % 2000 / 100) AS dec "
-        "      FROM numbers({rows:UInt64}))",
-        project_id=project_id,
-        parameters={"start_us": int(start.timestamp() * 1e6), "step_us": step_us, "rows": rows, "version": version},
-    )
-    hours = {int((start + dt.timedelta(hours=h)).timestamp()) for h in range(days * 24)}
-    rollups.record_touches(store, project_id, hours, version)
+    seed_requests(store, project_id, rows=rows, start=end - dt.timedelta(days=days), end=end)
     seeded = time.perf_counter() - started
     started = time.perf_counter()
     built = 0
