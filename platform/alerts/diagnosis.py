@@ -31,6 +31,8 @@ LONG_PROMPT_TOKENS = 2048
 LOW_ACCEPTANCE = 0.3  # below this draft acceptance rate speculative decoding costs more than it saves
 MIN_BASELINE_REQUESTS = 10
 TOP_N = 3
+OUTLIER_BAD_SHARE = 0.5  # a replica group / engine config holding this share of bad events ...
+OUTLIER_RATIO = 2.0  # ... and this many times its share of the requests is where the burn is
 
 
 def diagnose(project_id: int, filters: dict, burning: tuple[dt.datetime, dt.datetime],
@@ -126,6 +128,10 @@ def build_diagnosis(stats: Mapping[str, dict], ranked: Mapping[str, list[dict]],
     headline = {dim: entries[0]["value"] for dim, entries in ranked.items() if entries}
     suggestion = suggest(dominant, burn=burn, base=base if have_baseline else None, top=top, hops=hops,
                          engine=engine or {})
+    outliers = [found for dim in ("replica_group", "engine_config") if (found := outlier(dim, ranked.get(dim)))]
+    if outliers:
+        # One is enough: a canary group usually also has its own config, and the group is what can be drained.
+        suggestion = {**suggestion, "outlier": outliers[0], "text": f"{suggestion['text']} {outliers[0]['text']}"}
     diagnosis = {
         "sli": sli,
         "threshold_ms": threshold_ms,
@@ -262,6 +268,35 @@ def suggest(component: str | None, *, burn: Mapping, base: Mapping | None, top: 
         }
     return {"component": None, "knobs": [],
             "text": "No engine-side decomposition in the burning window: check that the engine exports llm_request spans."}
+
+
+def outlier(dimension: str, entries: list[dict] | None) -> dict | None:
+    """The value of `dimension` (replica group or engine config) that holds most of the burning window's bad
+    events with a much smaller share of its requests (at least half of the bad events, and twice its share of
+    the traffic), when several values served requests: the burn is local to it, so the fix is there and
+    traffic can be moved away meanwhile. None otherwise, and for regressions (no bad events to count)."""
+    known = [e for e in entries or () if e["value"] not in ("", None) and e["requests"]]
+    if len(known) < 2 or known[0]["bad"] is None:
+        return None
+    bad_total = sum(e["bad"] or 0 for e in known)
+    requests_total = sum(e["requests"] for e in known)
+    first = known[0]
+    if not bad_total or not first["bad"]:
+        return None
+    bad_share, traffic_share = first["bad"] / bad_total, first["requests"] / requests_total
+    if bad_share < OUTLIER_BAD_SHARE or bad_share < OUTLIER_RATIO * traffic_share:
+        return None
+    others = ", ".join(str(e["value"]) for e in known[1:4])
+    if dimension == "replica_group":
+        action = (f"compare its engine config with {others}'s and move gateway weight away from it while it is "
+                  "investigated (PUT /fleet/weights), or roll it back if it is a canary")
+    else:
+        action = f"compare it with {others} (engine diff) or roll it back"
+    return {
+        "dimension": dimension, "value": first["value"], "bad_share": bad_share, "traffic_share": traffic_share,
+        "text": (f"The burn is local to {dimension.replace('_', ' ')} {first['value']}: {bad_share:.0%} of the bad "
+                 f"events with {traffic_share:.0%} of the requests; {action}."),
+    }
 
 
 def summarise(diagnosis: Mapping) -> str:

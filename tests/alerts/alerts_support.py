@@ -20,7 +20,7 @@ REQUEST_COLUMNS = (
     "project_id", "trace_id", "request_key", "request_id", "start_time", "service", "model", "engine_config",
     "prompt_tokens", "completion_tokens", "prompt_bucket", "e2e_ms", "ttft_ms", "engine_ttft_ms", "tpot_ms",
     "network_ms", "network_client_gateway_ms", "network_gateway_engine_ms", "overhead_ms", "queue_ms",
-    "prefill_ms", "decode_ms", "hops", "status", "version", "is_deleted", "retention_days",
+    "prefill_ms", "decode_ms", "hops", "status", "version", "is_deleted", "retention_days", "replica_group",
 )
 
 
@@ -47,7 +47,7 @@ def open_store(path: str | None = None, database: str = "observatory"):
 def request_row(project_id: int, start: dt.datetime, *, service="chat", model="llama-8b", engine_config="cfg-a",
                 prompt_tokens=300, completion_tokens=50, prompt_bucket="<1k", network=5.0, overhead=3.0,
                 queue=10.0, prefill=40.0, decode=500.0, status="ok", ttft=None, client_gateway=None,
-                gateway_engine=None) -> dict:
+                gateway_engine=None, replica_group="") -> dict:
     """One decomposed request; e2e and TTFT follow from the components (TTFT = all but decode)."""
     e2e = network + overhead + queue + prefill + decode
     ttft = network + overhead + queue + prefill if ttft is None else ttft
@@ -59,7 +59,7 @@ def request_row(project_id: int, start: dt.datetime, *, service="chat", model="l
         "engine_ttft_ms": ttft - network, "tpot_ms": decode / max(completion_tokens - 1, 1), "network_ms": network,
         "network_client_gateway_ms": client_gateway, "network_gateway_engine_ms": gateway_engine,
         "overhead_ms": overhead, "queue_ms": queue, "prefill_ms": prefill, "decode_ms": decode, "hops": "[]",
-        "status": status, "version": 1, "is_deleted": 0, "retention_days": 30,
+        "status": status, "version": 1, "is_deleted": 0, "retention_days": 30, "replica_group": replica_group,
     }
 
 

@@ -60,6 +60,33 @@ def test_queue_dominated_burn_names_queue_the_config_and_max_num_seqs(store):
     assert d["summary"].startswith("queue time rose")
 
 
+def test_a_burn_local_to_one_replica_group_names_it_and_suggests_moving_traffic(store):
+    # 90% of the traffic on the stable group (a few slow requests), 10% on a canary whose queue explodes.
+    seed(store, "rg", {"queue": 10.0, "replica_group": "stable"},
+         [{"n": 180, "queue": 12.0, "replica_group": "stable"},
+          {"n": 10, "queue": 900.0, "replica_group": "stable"},
+          {"n": 20, "queue": 1500.0, "replica_group": "canary"}])
+    d = run(store, "rg")
+    assert d["dominant_component"] == "queue"
+    assert d["top"]["replica_group"] == "canary"
+    [group] = [c for c in d["top_contributors"] if c["dimension"] == "replica_group"]
+    assert group["bad"] == 20 and group["bad_share"] == pytest.approx(20 / 30)
+    outlier = d["suggestion_detail"]["outlier"]
+    assert (outlier["dimension"], outlier["value"]) == ("replica_group", "canary")
+    assert outlier["bad_share"] == pytest.approx(20 / 30) and outlier["traffic_share"] == pytest.approx(20 / 210)
+    assert "local to replica group canary: 67% of the bad events with 10% of the requests" in d["suggestion"]
+    assert "PUT /fleet/weights" in d["suggestion"]
+    assert "top replica_group canary (67% of bad events)" in d["summary"]
+
+
+def test_a_burn_spread_over_groups_names_no_outlier(store):
+    seed(store, "spread", {"queue": 10.0, "replica_group": "a"},
+         [{"n": 100, "queue": 1500.0, "replica_group": "a"}, {"n": 100, "queue": 1500.0, "replica_group": "b"}])
+    d = run(store, "spread")
+    assert d["dominant_component"] == "queue" and "outlier" not in d["suggestion_detail"]
+    assert "local to" not in d["suggestion"]
+
+
 def test_prefill_of_long_prompts_suggests_chunked_prefill(store):
     seed(store, "p", {"prefill": 40.0}, [{"prefill": 45.0, "n": 50},
                                          {"prefill": 2500.0, "prompt_tokens": 9000, "prompt_bucket": "<16k"}])
