@@ -40,6 +40,10 @@ class TransportError(Exception):
     """Connecting, TLS, timeouts, a broken response, DNS failure. Transient: worth retrying later."""
 
 
+class RequestTimeout(TransportError):
+    """No (complete) answer within the connect, read or total time limit. Transient."""
+
+
 @dataclasses.dataclass(frozen=True)
 class Policy:
     allow_networks: tuple = ()
@@ -316,7 +320,7 @@ def request(url: str, body: bytes | None, headers: dict, policy: Policy | None =
             status, response_headers, response_body = _send_once(target, method, body, headers, deadline, policy)
         except TimeoutError as exc:
             waited = policy.total_timeout - max(0.0, deadline - time.monotonic())
-            raise TransportError(f"timed out after {waited:.1f} s ({exc or 'no answer'})") from None
+            raise RequestTimeout(f"timed out after {waited:.1f} s ({exc or 'no answer'})") from None
         except ssl.SSLError as exc:
             raise TransportError(f"TLS error: {exc}") from None
         except (OSError, http.client.HTTPException) as exc:

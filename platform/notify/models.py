@@ -78,6 +78,7 @@ class Delivery(models.Model):
         indexes = [
             models.Index(fields=["status", "next_attempt_at"], name="notify_due_idx"),
             models.Index(fields=["channel", "fingerprint", "status"], name="notify_fingerprint_idx"),
+            models.Index(fields=["status", "updated_at"], name="notify_finished_idx"),  # retention
         ]
         ordering = ["-id"]
 

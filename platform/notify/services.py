@@ -23,7 +23,7 @@ from django.db import transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from . import http_client, renderers, signing
+from . import http_client, metrics, renderers, signing
 from .channels import channel_accepts
 from .models import Channel, ChannelKind, Delivery, DeliveryAttempt, DeliveryStatus
 
@@ -31,6 +31,8 @@ log = logging.getLogger(__name__)
 Outcome = DeliveryAttempt.Outcome
 _TRANSIENT_4XX = {408, 409, 425, 429}
 _EVENT_STATUSES = ("firing", "resolved")
+# A delivery's final status as the deliveries metric names it (bulk endings count as superseded/channel_disabled).
+_ENDED_AS = {DeliveryStatus.SUCCEEDED: "succeeded", DeliveryStatus.FAILED: "failed", DeliveryStatus.DEAD: "dead"}
 
 
 def _cfg(name: str, default):
@@ -63,13 +65,18 @@ def enqueue(project_id: int, event: dict, *, severity: str, now: dt.datetime | N
                 if channel_accepts(c, event, severity)]
     if not channels:
         return []
+    by_kind: dict[str, list[Channel]] = {}
+    for channel in channels:
+        by_kind.setdefault(channel.kind, []).append(channel)
     with transaction.atomic():
-        Delivery.objects.filter(
-            channel__in=channels, fingerprint=event["fingerprint"], status=DeliveryStatus.PENDING, is_test=False,
-        ).exclude(event_id=event["event_id"]).update(
-            status=DeliveryStatus.DEAD, next_attempt_at=None, updated_at=now,
-            last_error=f"superseded by event {event['event_id']} ({event['status']})",
-        )
+        for kind, group in by_kind.items():  # one UPDATE per channel kind (the metric's label), usually one
+            superseded = Delivery.objects.filter(
+                channel__in=group, fingerprint=event["fingerprint"], status=DeliveryStatus.PENDING, is_test=False,
+            ).exclude(event_id=event["event_id"]).update(
+                status=DeliveryStatus.DEAD, next_attempt_at=None, updated_at=now,
+                last_error=f"superseded by event {event['event_id']} ({event['status']})",
+            )
+            _count_on_commit(kind, "superseded", superseded)
         Delivery.objects.bulk_create(
             [Delivery(channel=c, event=event, event_id=event["event_id"], fingerprint=event["fingerprint"][:128],
                       severity=severity[:16], status=DeliveryStatus.PENDING, next_attempt_at=now, created_at=now,
@@ -78,6 +85,13 @@ def enqueue(project_id: int, event: dict, *, severity: str, now: dt.datetime | N
         )
         return list(Delivery.objects.filter(channel__in=channels, event_id=event["event_id"])
                     .order_by("id").values_list("id", flat=True))
+
+
+def _count_on_commit(kind: str, outcome: str, count: int) -> None:
+    """Count ended deliveries once the transaction that ended them commits (an alert transition rolled back
+    supersedes nothing)."""
+    if count > 0:
+        transaction.on_commit(lambda: metrics.delivery_ended(kind, outcome, count))
 
 
 # -- retry policy -----------------------------------------------------------------------------------------------
@@ -136,6 +150,8 @@ class Prepared:
     url: str
     body: bytes
     headers: dict
+    kind: str = ""  # the channel's, for the metrics
+    is_test: bool = False  # test sends are left out of the metrics
 
 
 @dataclasses.dataclass
@@ -147,6 +163,7 @@ class SendResult:
     retry_after: float | None
     url: str
     excerpt: str
+    timed_out: bool = False  # a transient outcome because no answer came in time
 
 
 def prepare(delivery: Delivery, channel: Channel) -> Prepared:
@@ -160,11 +177,27 @@ def prepare(delivery: Delivery, channel: Channel) -> Prepared:
     headers = {"Content-Type": "application/json"}
     secrets = channel.secrets if channel.kind in (ChannelKind.WEBHOOK, ChannelKind.ALERTMANAGER) else []
     headers.update(signing.signature_headers(delivery.webhook_id, body, secrets))
-    return Prepared(delivery.id, channel.url, body, headers)
+    return Prepared(delivery.id, channel.url, body, headers, channel.kind, delivery.is_test)
+
+
+def attempt_outcome(result: SendResult) -> str:
+    """The attempt as the metrics name it: success, transient, permanent (410 and refusals too) or timeout."""
+    if result.outcome == Outcome.SUCCEEDED:
+        return "success"
+    if result.outcome == Outcome.TRANSIENT:
+        return "timeout" if result.timed_out else "transient"
+    return "permanent"
 
 
 def send(prepared: Prepared, policy: http_client.Policy) -> SendResult:
     """One HTTP attempt; never raises. No database access here: this runs on worker threads."""
+    result = _send(prepared, policy)
+    if not prepared.is_test:
+        metrics.attempt_made(prepared.kind, attempt_outcome(result), result.duration_ms / 1000)
+    return result
+
+
+def _send(prepared: Prepared, policy: http_client.Policy) -> SendResult:
     started = time.monotonic()
     try:
         response = http_client.request(prepared.url, prepared.body, prepared.headers, policy)
@@ -173,7 +206,7 @@ def send(prepared: Prepared, policy: http_client.Policy) -> SendResult:
                           prepared.url, "")
     except http_client.TransportError as exc:
         return SendResult(Outcome.TRANSIENT, None, str(exc), (time.monotonic() - started) * 1000, None,
-                          prepared.url, "")
+                          prepared.url, "", timed_out=isinstance(exc, http_client.RequestTimeout))
     except Exception as exc:  # a bug must not leave the delivery claimed until its lease runs out
         log.exception("unexpected error sending delivery %s", prepared.delivery_id)
         return SendResult(Outcome.TRANSIENT, None, f"internal error: {type(exc).__name__}: {exc}",
@@ -199,10 +232,12 @@ def disable_channel(channel: Channel, reason: str, now: dt.datetime | None = Non
     with transaction.atomic():
         Channel.objects.filter(id=channel.id).update(enabled=False, disabled_reason=reason[:500], updated_at=now)
         channel.enabled, channel.disabled_reason = False, reason[:500]
-        return Delivery.objects.filter(channel_id=channel.id, status=DeliveryStatus.PENDING).update(
+        ended = Delivery.objects.filter(channel_id=channel.id, status=DeliveryStatus.PENDING).update(
             status=DeliveryStatus.DEAD, next_attempt_at=None, updated_at=now,
             last_error=f"channel disabled: {reason}"[:1000],
         )
+        _count_on_commit(channel.kind, "channel_disabled", ended)
+        return ended
 
 
 def record(delivery: Delivery, channel: Channel, result: SendResult, token: uuid.UUID, started_at: dt.datetime,
@@ -239,6 +274,8 @@ def record(delivery: Delivery, channel: Channel, result: SendResult, token: uuid
         if not claimed.update(**fields):
             log.warning("delivery %s: lease lost before the result was recorded (%s)", delivery.id, result.outcome)
             return DeliveryStatus.SENDING
+        if fields["status"] != DeliveryStatus.PENDING and not delivery.is_test:
+            _count_on_commit(channel.kind, _ENDED_AS[fields["status"]], 1)
         if result.outcome == Outcome.SUCCEEDED:
             Channel.objects.filter(id=channel.id).update(last_success_at=now)
         else:
@@ -318,9 +355,10 @@ def deliver_due(now: dt.datetime | None = None, limit: int = 100) -> int:
     with ThreadPoolExecutor(max_workers=min(concurrency, len(claimed)), thread_name_prefix="notify-send") as pool:
         for delivery in claimed:
             if not delivery.channel.enabled:  # disabled between selection and claim
-                Delivery.objects.filter(id=delivery.id, claim_token=token).update(
+                ended = Delivery.objects.filter(id=delivery.id, claim_token=token).update(
                     status=DeliveryStatus.DEAD, claim_token=None, lease_expires_at=None, next_attempt_at=None,
                     updated_at=now, last_error=f"channel disabled: {delivery.channel.disabled_reason}"[:1000])
+                _count_on_commit(delivery.channel.kind, "channel_disabled", ended)
                 continue
             if delivery.attempts > max_attempts:  # a worker died during the last allowed attempt
                 lost = SendResult(Outcome.TRANSIENT, None, "worker lost during the last attempt", 0.0, None, "", "")
@@ -383,3 +421,58 @@ def send_test(channel: Channel, now: dt.datetime | None = None) -> Delivery:
     record(delivery, channel, result, token, started_at, now + (timezone.now() - started_at))
     delivery.refresh_from_db()
     return delivery
+
+
+# -- retention --------------------------------------------------------------------------------------------------
+FINISHED_STATUSES = (DeliveryStatus.SUCCEEDED, DeliveryStatus.FAILED, DeliveryStatus.DEAD)
+_PRUNE_PAUSE_SECONDS = 0.02  # between batches: other writers (SQLite has one at a time) get their turn
+
+
+def prune_deliveries(now: dt.datetime | None = None, *, retention_days: float | None = None,
+                     batch_size: int | None = None, max_seconds: float | None = None) -> int:
+    """Delete finished deliveries (succeeded, failed, dead; test sends included) whose last change is older than
+    the retention, with their attempt log, oldest first. Pending and sending deliveries are never touched.
+
+    Each batch of at most ``batch_size`` deliveries is its own short transaction, found through the
+    ``(status, updated_at)`` index; after ``max_seconds`` (at least one batch) the run stops and the next one
+    continues, so a large backlog never holds locks or a worker for long. Returns how many were deleted;
+    a retention of 0 or less keeps everything."""
+    retention_days = float(_cfg("DELIVERY_RETENTION_DAYS", 30.0) if retention_days is None else retention_days)
+    if retention_days <= 0:
+        return 0
+    batch_size = max(1, int(_cfg("PRUNE_BATCH_SIZE", 1000) if batch_size is None else batch_size))
+    max_seconds = float(_cfg("PRUNE_MAX_SECONDS", 30.0) if max_seconds is None else max_seconds)
+    cutoff = (now or timezone.now()) - dt.timedelta(days=retention_days)
+    started = time.monotonic()
+    deleted = attempts = batches = 0
+    for status in FINISHED_STATUSES:
+        while True:
+            if batches:
+                if time.monotonic() - started >= max_seconds:
+                    _log_pruned(deleted, attempts, retention_days, complete=False)
+                    return deleted
+                time.sleep(_PRUNE_PAUSE_SECONDS)
+            ids = list(Delivery.objects.filter(status=status, updated_at__lt=cutoff)
+                       .order_by("updated_at").values_list("id", flat=True)[:batch_size])
+            if not ids:
+                break
+            with transaction.atomic():
+                # Re-checked in the DELETE itself: a row never leaves a finished status, but the rule that
+                # unfinished deliveries survive must not depend on that.
+                _, per_model = (Delivery.objects.filter(id__in=ids, status__in=FINISHED_STATUSES,
+                                                        updated_at__lt=cutoff).only("id").delete())
+            batches += 1
+            n = per_model.get(Delivery._meta.label, 0)
+            deleted += n
+            attempts += per_model.get(DeliveryAttempt._meta.label, 0)
+            metrics.PRUNED.inc(n)
+            if len(ids) < batch_size:
+                break
+    _log_pruned(deleted, attempts, retention_days, complete=True)
+    return deleted
+
+
+def _log_pruned(deleted: int, attempts: int, retention_days: float, *, complete: bool) -> None:
+    if deleted:
+        log.info("pruned %d finished deliveries (%d attempts) older than %g days%s", deleted, attempts,
+                 retention_days, "" if complete else "; more remain for the next run")

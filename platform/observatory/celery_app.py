@@ -50,12 +50,15 @@ def queue_name(short: str) -> str:
 
 
 def beat_schedule() -> dict:
-    """The one beat schedule: SLO evaluation and alert checks every minute, due webhook deliveries every 10 s."""
+    """The one beat schedule: SLO evaluation and alert checks every minute, due webhook deliveries every 10 s,
+    pruning of old deliveries every hour."""
     from django.conf import settings
 
     slo = getattr(settings, "SLO", {})
     every = float(slo.get("EVALUATE_INTERVAL_SECONDS", 60.0))
-    deliver_every = float(getattr(settings, "NOTIFY", {}).get("DELIVER_INTERVAL_SECONDS", 10.0))
+    notify = getattr(settings, "NOTIFY", {})
+    deliver_every = float(notify.get("DELIVER_INTERVAL_SECONDS", 10.0))
+    prune_every = float(notify.get("PRUNE_INTERVAL_SECONDS", 3600.0))
     # A tick that waited in the broker (worker down or busy) expires: the next one does the same work. Not
     # sooner than 30 s, so that a slow broker poll under load does not discard every short-interval tick.
     def options(queue: str, interval: float) -> dict:
@@ -69,6 +72,8 @@ def beat_schedule() -> dict:
                                  "options": options("alerts", every)},
         "notify-deliver-due": {"task": "notify.deliver_due", "schedule": deliver_every,
                                "options": options("notify", deliver_every)},
+        "notify-prune-deliveries": {"task": "notify.prune_deliveries", "schedule": prune_every,
+                                    "options": options("notify", prune_every)},
     }
 
 

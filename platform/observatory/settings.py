@@ -225,6 +225,12 @@ NOTIFY = {
     "PER_CHANNEL_BATCH": envint("NOTIFY_PER_CHANNEL_BATCH", 4),
     "EXTERNAL_URL": env("NOTIFY_EXTERNAL_URL", "") or f"http://{HTTP_BIND}",
     "DELIVER_INTERVAL_SECONDS": envfloat("NOTIFY_DELIVER_INTERVAL_SECONDS", 10.0),  # beat: notify.deliver_due
+    # Finished deliveries (succeeded, failed, dead, test sends) and their attempts are deleted this long after
+    # their last change; 0 keeps them for ever. Pending and sending deliveries are never deleted.
+    "DELIVERY_RETENTION_DAYS": envfloat("NOTIFY_DELIVERY_RETENTION_DAYS", 30.0),
+    "PRUNE_INTERVAL_SECONDS": envfloat("NOTIFY_PRUNE_INTERVAL_SECONDS", 3600.0),  # beat: notify.prune_deliveries
+    "PRUNE_BATCH_SIZE": envint("NOTIFY_PRUNE_BATCH_SIZE", 1000),  # deliveries per DELETE transaction
+    "PRUNE_MAX_SECONDS": envfloat("NOTIFY_PRUNE_MAX_SECONDS", 30.0),  # per run; the next run continues
 }
 
 # Alert lifecycle, silences, diagnosis and the latency regression detector (platform/alerts, docs/alerts.md).

@@ -1,11 +1,16 @@
 """Real HTTP receivers for the notify tests: a threaded http.server on 127.0.0.1 that answers from a script and
-records every request it gets (method, path, headers, raw body, arrival time)."""
+records every request it gets (method, path, headers, raw body, arrival time); and the channels and events the
+delivery tests send."""
 from __future__ import annotations
 
 import dataclasses
 import http.server
+import itertools
 import threading
 import time
+
+SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+_counter = itertools.count(1)
 
 
 @dataclasses.dataclass
@@ -88,3 +93,19 @@ class Receiver:
     def __exit__(self, *exc) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+def make_channel(project, url, name="hook", kind="webhook", **fields):
+    from notify.models import Channel
+
+    fields.setdefault("secrets", [SECRET] if kind in ("webhook", "alertmanager") else [])
+    return Channel.objects.create(project=project, name=name, kind=kind, url=url, **fields)
+
+
+def event(status="firing", fingerprint=None, **labels) -> dict:
+    """A neutral alert event as the alerts app hands it to notify.enqueue, unique per call."""
+    n = next(_counter)
+    return {"event_id": f"evt-{n}", "fingerprint": fingerprint or f"fp-{n}", "status": status, "severity": "page",
+            "kind": "slo_burn", "project": "alpha", "title": f"alert {n}", "summary": "burning", "description": "",
+            "labels": {"alertname": "SLOBurn", "severity": "page", **labels}, "annotations": {},
+            "starts_at": "2026-11-20T10:00:00Z", "ends_at": None, "url": None, "slo": None, "diagnosis": None}

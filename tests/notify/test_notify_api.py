@@ -9,6 +9,7 @@ import time
 import pytest
 from notify import signing
 from notify_receivers import Receiver, Reply
+from otlp_payloads import metric_total
 
 
 @pytest.fixture(scope="module")
@@ -221,14 +222,15 @@ def test_openapi_lists_the_channel_endpoints(platform):
 
 def test_the_platform_s_own_worker_and_beat_deliver_enqueued_events(platform):
     """What the alert lifecycle does (enqueue in the platform's database) reaches a receiver through the Celery
-    worker and beat that runplatform runs, with no test driving deliver_due."""
+    worker and beat that runplatform runs, with no test driving deliver_due. Project beta: its only channel is
+    this one, so the platform's delivery metrics count exactly this delivery."""
     with Receiver([Reply(503)]) as receiver:
-        status, body = create(platform, name="beat-driven", kind="webhook", url=receiver.url)
+        status, body = create(platform, "erin", project="beta", name="beat-driven", kind="webhook", url=receiver.url)
         assert status == 201
         secret = body["secrets"][0]
         script = (
             "from notify.services import enqueue; from tenancy.models import Project; "
-            "print(enqueue(Project.objects.get(name='alpha').id, {'event_id': 'beat-evt-1', 'fingerprint': 'beat-fp', "
+            "print(enqueue(Project.objects.get(name='beta').id, {'event_id': 'beat-evt-1', 'fingerprint': 'beat-fp', "
             "'status': 'firing', 'title': 'from the lifecycle', 'labels': {'alertname': 'X'}}, severity='page'))"
         )
         platform.process.manage("shell", "-c", script)
@@ -241,7 +243,16 @@ def test_the_platform_s_own_worker_and_beat_deliver_enqueued_events(platform):
         assert signing.verify(received.body, received.headers, secret)
         assert json.loads(received.body)["event_id"] == "beat-evt-1"
     status, log = call(platform, "GET", f"/api/v1/channels/{body['channel']['id']}/deliveries",
-                       platform.tokens["alice"])
+                       platform.tokens["bob"])
     [delivery] = log["deliveries"]
     assert delivery["status"] == "succeeded" and delivery["attempts"] == 2 and not delivery["is_test"]
     assert [a["outcome"] for a in delivery["log"]] == ["transient", "succeeded"]
+
+    # the platform's /metrics counts what its own worker did (test sends of the other tests are left out)
+    attempts, deliveries = "observatory_notify_delivery_attempts_total", "observatory_notify_deliveries_total"
+    assert metric_total(platform, attempts, kind="webhook", outcome="transient") == 1
+    assert metric_total(platform, attempts, kind="webhook", outcome="success") == 1
+    assert metric_total(platform, deliveries, kind="webhook", outcome="succeeded") == 1
+    assert metric_total(platform, deliveries, kind="webhook", outcome="failed") == 0
+    assert metric_total(platform, "observatory_notify_delivery_attempt_seconds_count", kind="webhook") == 2
+    assert metric_total(platform, "observatory_notify_backlog_deliveries", status="pending") == 0

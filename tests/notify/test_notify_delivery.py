@@ -13,37 +13,10 @@ from django.db import transaction
 from django.utils import timezone
 from notify import services, signing
 from notify.models import Channel, Delivery, DeliveryStatus
-from notify_receivers import Receiver, Reply
+from notify_receivers import SECRET, Receiver, Reply, event, make_channel
 from tenancy.models import Project
 
-pytestmark = pytest.mark.django_db
-SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
-
-
-@pytest.fixture(autouse=True)
-def local_receivers_allowed(settings):
-    settings.NOTIFY = {**settings.NOTIFY, "ALLOW_PRIVATE_DESTINATIONS": ["127.0.0.1"], "READ_TIMEOUT_SECONDS": 2.0}
-
-
-@pytest.fixture
-def project():
-    return Project.objects.create(name="alpha")
-
-
-def make_channel(project, url, name="hook", kind="webhook", **fields) -> Channel:
-    fields.setdefault("secrets", [SECRET] if kind in ("webhook", "alertmanager") else [])
-    return Channel.objects.create(project=project, name=name, kind=kind, url=url, **fields)
-
-
-_counter = iter(range(1, 10**9))
-
-
-def event(status="firing", fingerprint=None, **labels) -> dict:
-    n = next(_counter)
-    return {"event_id": f"evt-{n}", "fingerprint": fingerprint or f"fp-{n}", "status": status, "severity": "page",
-            "kind": "slo_burn", "project": "alpha", "title": f"alert {n}", "summary": "burning", "description": "",
-            "labels": {"alertname": "SLOBurn", "severity": "page", **labels}, "annotations": {},
-            "starts_at": "2026-11-20T10:00:00Z", "ends_at": None, "url": None, "slo": None, "diagnosis": None}
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("local_receivers")]
 
 
 def run_until_settled(delivery_ids, start, rounds=40):

@@ -18,6 +18,7 @@ def test_one_beat_schedule_with_explicit_tasks_and_queues(settings):
         "alerts-detect-regressions": ("alerts.detect_regressions", 60.0, "acme.alerts"),
         "alerts-check-repeats": ("alerts.check_repeats", 60.0, "acme.alerts"),
         "notify-deliver-due": ("notify.deliver_due", 10.0, "acme.notify"),
+        "notify-prune-deliveries": ("notify.prune_deliveries", 3600.0, "acme.notify"),
     }
     assert queue_name("slo") == "acme.slo"
     app.loader.import_default_modules()
