@@ -93,7 +93,12 @@ def test_compose_services(compose):
         service = compose["services"][name]
         # Celery runs the same image and settings; the platform service applies the migrations first.
         assert service["image"] == compose["services"]["platform"]["image"]
-        assert service["environment"] == compose["services"]["platform"]["environment"]
+        environment = dict(service["environment"])
+        if name == "worker":  # a thread pool serving its own /metrics (delivery counters)
+            assert environment.pop("OBSERVATORY_WORKER_METRICS_BIND") == "0.0.0.0:9464"
+            assert service["command"][service["command"].index("--pool") + 1] == "threads"
+            assert service["expose"] == ["9464"]
+        assert environment == compose["services"]["platform"]["environment"]
         assert service["entrypoint"][:3] == ["celery", "-A", "observatory.celery_app"]
         assert service["command"][0] == name
         assert "platform" in service["depends_on"]

@@ -7,13 +7,17 @@ Embedded mode, and whenever ClickHouse is chdb: `runplatform` runs a thread-pool
 itself (observatory/background.py, OBSERVATORY_INPROCESS_WORKER), because only that process may open chdb.
 """
 import hashlib
+import logging
 import os
 import re
 
-from celery import Celery
+from celery import Celery, signals
 from kombu import Exchange, Queue
+from prometheus_client import start_http_server
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "observatory.settings")
+
+log = logging.getLogger(__name__)
 
 app = Celery("observatory")
 app.config_from_object("django.conf:settings", namespace="CELERY")
@@ -100,4 +104,22 @@ def _configure(sender=None, **kwargs) -> None:
 
 
 app.on_after_configure.connect(_configure, weak=False)
+
+
+@signals.worker_ready.connect(weak=False)
+def _serve_worker_metrics(sender=None, **kwargs) -> None:
+    """A standalone worker's own /metrics (OBSERVATORY_WORKER_METRICS_BIND): its tasks' counters live in its
+    process, not in the platform's."""
+    from django.conf import settings
+
+    bind = settings.OBSERVATORY_WORKER_METRICS_BIND
+    if not bind:
+        return
+    pool = getattr(getattr(sender, "controller", None), "pool_cls", None)
+    if pool is not None and "prefork" in f"{getattr(pool, '__module__', '')}{pool}":
+        log.warning("OBSERVATORY_WORKER_METRICS_BIND with the prefork pool: tasks run in child processes, whose "
+                    "counters this endpoint does not see; run the worker with --pool threads")
+    host, _, port = bind.rpartition(":")
+    start_http_server(int(port), addr=host or "0.0.0.0")
+    log.info("worker metrics on http://%s/metrics", bind)
 app.autodiscover_tasks(lambda: [m.rsplit(".", 1)[0] for m in TASK_MODULES])

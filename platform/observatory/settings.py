@@ -195,6 +195,10 @@ CELERY_QUEUE_PREFIX = env("CELERY_QUEUE_PREFIX")
 # data directory only that process may open (docs/slo.md).
 OBSERVATORY_INPROCESS_WORKER = envbool("OBSERVATORY_INPROCESS_WORKER", EMBEDDED_MODE)
 OBSERVATORY_INPROCESS_WORKER_THREADS = envint("OBSERVATORY_INPROCESS_WORKER_THREADS", 4)
+# host:port where a standalone `celery worker` serves its own Prometheus /metrics (delivery counters, attempt
+# durations: what that worker sent); empty = none. Use with `--pool threads` (a prefork pool's children keep
+# their counters to themselves).
+OBSERVATORY_WORKER_METRICS_BIND = env("OBSERVATORY_WORKER_METRICS_BIND", "")
 
 # SLO evaluation (platform/slo, docs/slo.md).
 SLO = {

@@ -4,9 +4,11 @@ each delivery exactly once (a flaky one: exactly one successful request per deli
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import time
+import urllib.request
 import uuid
 from collections import Counter
 from pathlib import Path
@@ -15,6 +17,7 @@ import pytest
 from notify import services
 from notify.models import Channel, Delivery
 from notify_receivers import Receiver, Reply
+from prometheus_client.parser import text_string_to_metric_families
 from tenancy.models import Project
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -24,7 +27,7 @@ pytestmark = [pytest.mark.server_mode, pytest.mark.skipif(
 EVENTS = 15
 
 
-def start_worker(name: str, queue: str, database_url: str, data_dir: Path) -> subprocess.Popen:
+def start_worker(name: str, queue: str, database_url: str, data_dir: Path, metrics_port: int) -> subprocess.Popen:
     env = {
         **os.environ,
         "DATABASE_URL": database_url,
@@ -35,6 +38,7 @@ def start_worker(name: str, queue: str, database_url: str, data_dir: Path) -> su
         "NOTIFY_BACKOFF_BASE_SECONDS": "0.2",
         "NOTIFY_BACKOFF_JITTER": "0",
         "NOTIFY_PER_CHANNEL_BATCH": "3",  # small batches: many claims racing for the same rows
+        "OBSERVATORY_WORKER_METRICS_BIND": f"127.0.0.1:{metrics_port}",
     }
     log = open(data_dir / f"{name}.log", "wb")
     return subprocess.Popen(
@@ -43,6 +47,20 @@ def start_worker(name: str, queue: str, database_url: str, data_dir: Path) -> su
          "-l", "WARNING"],
         cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
     )
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def scrape(port: int) -> dict[tuple[str, str, str], float]:
+    """{(metric, kind, outcome): value} of a worker's /metrics."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    return {(sample.name, sample.labels.get("kind", ""), sample.labels.get("outcome", "")): sample.value
+            for family in text_string_to_metric_families(text) for sample in family.samples}
 
 
 def stop(process: subprocess.Popen) -> None:
@@ -71,7 +89,8 @@ def test_two_workers_and_a_doubled_beat_deliver_each_exactly_once(transactional_
             services.enqueue(project.id, {"event_id": f"evt-{n}", "fingerprint": f"fp-{n}", "status": "firing",
                                           "labels": {"alertname": "X"}}, severity="page")
         assert Delivery.objects.count() == 2 * EVENTS
-        workers = [start_worker(f"w{i}-{queue}", queue, database_url, tmp_path) for i in range(2)]
+        ports = [free_port() for _ in range(2)]
+        workers = [start_worker(f"w{i}-{queue}", queue, database_url, tmp_path, ports[i]) for i in range(2)]
         try:
             deadline = time.time() + 90
             while time.time() < deadline:
@@ -82,9 +101,16 @@ def test_two_workers_and_a_doubled_beat_deliver_each_exactly_once(transactional_
                 assert all(w.poll() is None for w in workers), [p.read_text()[-2000:]
                                                                 for p in tmp_path.glob("*.log")]
                 time.sleep(0.3)
+            # Each worker serves what it sent on its own /metrics: together, every delivery and attempt.
+            scraped = [scrape(port) for port in ports]
         finally:
             for worker in workers:
                 stop(worker)
+    assert sum(s.get(("observatory_notify_deliveries_total", "webhook", "succeeded"), 0) for s in scraped) == EVENTS
+    assert sum(s.get(("observatory_notify_deliveries_total", "alertmanager", "succeeded"), 0)
+               for s in scraped) == EVENTS
+    assert sum(s.get(("observatory_notify_delivery_attempts_total", "alertmanager", "transient"), 0)
+               for s in scraped) == 6
     statuses = Counter(Delivery.objects.values_list("status", flat=True))
     assert statuses == {"succeeded": 2 * EVENTS}, (statuses, [p.read_text()[-2000:] for p in tmp_path.glob("*.log")])
     healthy_ids = Counter(r.headers["webhook-id"] for r in healthy.requests)
