@@ -118,10 +118,17 @@ class PlatformServer:
             self.runtime.stop()
 
     def install_signal_handlers(self) -> None:
-        """SIGTERM/SIGINT leave the serving loop in the main thread; stop() then drains and closes in order."""
+        """SIGTERM/SIGINT leave the serving loop in the main thread; stop() then drains and closes in order.
+
+        During that shutdown another SIGTERM is ignored: process managers and make send SIGTERM to a whole
+        process group and then to their children again, and dying then would skip the drain and leave the
+        engine fleet running. A second SIGINT (Ctrl-C twice) still ends the process at once."""
+
+        def again(signum, frame):
+            log.warning("already shutting down (draining, stopping the engine); Ctrl-C again or SIGKILL to force")
 
         def handle(signum, frame):
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            signal.signal(signal.SIGTERM, again)
             signal.signal(signal.SIGINT, signal.SIG_DFL)
             raise _Shutdown(f"signal {signum}")
 

@@ -199,6 +199,9 @@ OBSERVATORY_INPROCESS_WORKER_THREADS = envint("OBSERVATORY_INPROCESS_WORKER_THRE
 # durations: what that worker sent); empty = none. Use with `--pool threads` (a prefork pool's children keep
 # their counters to themselves).
 OBSERVATORY_WORKER_METRICS_BIND = env("OBSERVATORY_WORKER_METRICS_BIND", "")
+# Per-SLO series on /metrics (objective, state, budget, burn rates; labelled with project and SLO names, and
+# /metrics has no token): false leaves them out (docs/slo.md#prometheus-metrics).
+OBSERVATORY_METRICS_SLO_SERIES = envbool("OBSERVATORY_METRICS_SLO_SERIES", True)
 
 # SLO evaluation (platform/slo, docs/slo.md).
 SLO = {
@@ -271,5 +274,11 @@ LOGGING = {
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": env("LOG_LEVEL", "INFO")},
-    "loggers": {"waitress.queue": {"level": "ERROR"}},
+    "loggers": {
+        "waitress.queue": {"level": "ERROR"},
+        # Celery logs every task received/succeeded and every beat send at INFO: several lines every 10 s
+        # for the delivery tick alone. Task failures stay visible (ERROR); LOG_LEVEL=DEBUG shows them all.
+        **{name: {"level": "DEBUG" if env("LOG_LEVEL", "INFO") == "DEBUG" else "WARNING"}
+           for name in ("celery.app.trace", "celery.worker.strategy", "celery.beat")},
+    },
 }

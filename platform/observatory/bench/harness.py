@@ -24,7 +24,9 @@ class PlatformProcess:
     """`manage.py runplatform` in a child process with its own data directory (and, in server mode, the
     DATABASE_URL given by the caller). Used by benchmarks and by the tests' live-platform fixtures."""
 
-    def __init__(self, data_dir: str | None = None, extra_env: dict | None = None, grpc: bool = False):
+    def __init__(self, data_dir: str | None = None, extra_env: dict | None = None, grpc: bool = False,
+                 args: tuple[str, ...] = ()):
+        self.args = tuple(args)  # more runplatform options (e.g. --with-engine)
         self._tmp = None if data_dir else tempfile.TemporaryDirectory(prefix="observatory-")
         self.data_dir = data_dir or self._tmp.name
         self.env = {**os.environ, "OBSERVATORY_DATA_DIR": self.data_dir, "LOG_LEVEL": os.environ.get("OBSERVATORY_TEST_LOG_LEVEL", "WARNING"), **(extra_env or {})}
@@ -64,7 +66,8 @@ class PlatformProcess:
         Path(self.data_dir).mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
-            [sys.executable, str(ROOT / "manage.py"), "runplatform", "--http", f"127.0.0.1:{self.port}", *grpc_args],
+            [sys.executable, str(ROOT / "manage.py"), "runplatform", "--http", f"127.0.0.1:{self.port}", *grpc_args,
+             *self.args],
             env=self.env, stdout=log, stderr=subprocess.STDOUT,
         )
         log.close()
