@@ -35,6 +35,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
+from . import metrics
 from .models import Alert, AlertKind, AlertState, AlertTransition, Severity
 from .silences import silencing
 
@@ -157,6 +158,7 @@ def _create_pending(spec: AlertSpec, at: dt.datetime) -> AlertTransition | None:
                 annotations=spec.annotations, context=spec.context, last_values=spec.values, started_at=at,
                 last_evaluated_at=at, created_at=timezone.now(), updated_at=timezone.now(),
             )
+            metrics.transition_claimed(spec.kind, spec.severity, AlertState.PENDING)
             return AlertTransition.objects.create(
                 alert=alert, from_state="", to_state=AlertState.PENDING, at=at, episode=1,
                 reason=(spec.reason or "condition holds")[:300], values=spec.values,
@@ -214,6 +216,7 @@ def _claim(alert: Alert, spec: AlertSpec, step: _Step, at: dt.datetime,
             transition.notified = True
             transition.delivery_ids = _enqueue(alert.project_id, event, alert.severity)
         transition.save()
+        metrics.transition_claimed(alert.kind, alert.severity, step.to_state)
     return transition
 
 
@@ -495,4 +498,5 @@ def _resolve_orphan(alert: Alert, now: dt.datetime) -> int:
             transition.notified = True
             transition.delivery_ids = _enqueue(alert.project_id, event, alert.severity)
         transition.save()
+        metrics.transition_claimed(alert.kind, alert.severity, to_state)
     return 1

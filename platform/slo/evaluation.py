@@ -15,7 +15,7 @@ from django.conf import settings
 from django.db import close_old_connections
 from traces.store import ClickHouseStore, StoreUnavailable, get_store
 
-from . import burn, queries
+from . import burn, metrics, queries
 from .models import SLO
 
 log = logging.getLogger(__name__)
@@ -37,22 +37,26 @@ def _apply_evaluation():
 
 
 def evaluate_all(now: dt.datetime | None = None, *, store: ClickHouseStore | None = None) -> int:
-    """Evaluate every enabled SLO of every project at `now` (default: the current time); returns how many."""
+    """Evaluate every enabled SLO of every project at `now` (default: the current time); returns how many.
+    Timed and counted on /metrics (slo/metrics.py), with the projects that could not be evaluated."""
     close_old_connections()
     now = now or dt.datetime.now(dt.timezone.utc)
-    store = store or get_store()
-    by_project: dict[int, list[SLO]] = defaultdict(list)
-    for slo in SLO.objects.filter(enabled=True).select_related("project").order_by("project_id", "id"):
-        by_project[slo.project_id].append(slo)
-    done = 0
-    for project_id, slos in by_project.items():
-        try:
-            done += len(evaluate_project(store, project_id, slos, now))
-        except StoreUnavailable as exc:
-            log.warning("SLO evaluation of project %s skipped: ClickHouse unavailable (%s)", project_id, exc)
-        except Exception:
-            log.exception("SLO evaluation of project %s failed", project_id)
-    return done
+    with metrics.evaluation_cycle() as cycle:
+        store = store or get_store()
+        by_project: dict[int, list[SLO]] = defaultdict(list)
+        for slo in SLO.objects.filter(enabled=True).select_related("project").order_by("project_id", "id"):
+            by_project[slo.project_id].append(slo)
+        done = 0
+        for project_id, slos in by_project.items():
+            try:
+                done += len(evaluate_project(store, project_id, slos, now))
+            except StoreUnavailable as exc:
+                cycle.failed("clickhouse_unavailable")
+                log.warning("SLO evaluation of project %s skipped: ClickHouse unavailable (%s)", project_id, exc)
+            except Exception:
+                cycle.failed("error")
+                log.exception("SLO evaluation of project %s failed", project_id)
+        return done
 
 
 def evaluate_project(store: ClickHouseStore, project_id: int, slos: list[SLO], now: dt.datetime) -> list[burn.Evaluation]:

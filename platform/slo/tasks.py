@@ -7,7 +7,7 @@ import threading
 from celery import shared_task
 from django.conf import settings
 
-from . import evaluation
+from . import evaluation, metrics
 
 log = logging.getLogger(__name__)
 # One cycle at a time per process: a tick that arrives while the previous cycle still runs (a long bucket
@@ -28,10 +28,12 @@ def may_touch_clickhouse() -> bool:
 @shared_task(name="slo.evaluate_all", ignore_result=True)
 def evaluate_all_task() -> int:
     if not may_touch_clickhouse():
+        metrics.evaluation_skipped("not_owner")
         log.warning("slo.evaluate_all skipped: ClickHouse is chdb and this process is not the platform that owns it "
                     "(run evaluation inside `runplatform`, OBSERVATORY_INPROCESS_WORKER=true)")
         return 0
     if not _cycle.acquire(blocking=False):
+        metrics.evaluation_skipped("busy")
         log.info("slo.evaluate_all skipped: the previous cycle is still running")
         return 0
     try:

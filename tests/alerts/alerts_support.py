@@ -6,6 +6,7 @@ chdb runs one embedded server per process: `open_store()` opens a temporary dire
 """
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import http.server
 import json
@@ -44,6 +45,20 @@ def open_store(path: str | None = None, database: str = "observatory"):
     return store, close
 
 
+@contextlib.contextmanager
+def installed_store():
+    """A scratch store (open_store) that traces.store.get_store() hands out until the block ends."""
+    import traces.store as store_module
+
+    scratch, close = open_store()
+    previous, store_module._store = store_module._store, scratch
+    try:
+        yield scratch
+    finally:
+        store_module._store = previous
+        close()
+
+
 def request_row(project_id: int, start: dt.datetime, *, service="chat", model="llama-8b", engine_config="cfg-a",
                 prompt_tokens=300, completion_tokens=50, prompt_bucket="<1k", network=5.0, overhead=3.0,
                 queue=10.0, prefill=40.0, decode=500.0, status="ok", ttft=None, client_gateway=None,
@@ -66,6 +81,18 @@ def request_row(project_id: int, start: dt.datetime, *, service="chat", model="l
 def insert_requests(store, rows: list[dict]) -> None:
     lines = "\n".join(json.dumps([row[c] for c in REQUEST_COLUMNS]) for row in rows)
     store.insert_encoded("llm_requests", REQUEST_COLUMNS, lines.encode(), "JSONCompactEachRow")
+
+
+def insert_touched(store, rows: list[dict]) -> None:
+    """insert_requests, then record the rows' hours in request_hour_touches as the request builder does, so that
+    SLO evaluation builds their hours into buckets once closed."""
+    from traces.rollups import record_touches
+
+    insert_requests(store, rows)
+    for project_id in {row["project_id"] for row in rows}:
+        hours = {int(dt.datetime.strptime(row["start_time"], "%Y-%m-%d %H:%M:%S.%f").replace(tzinfo=UTC).timestamp())
+                 // 3600 * 3600 for row in rows if row["project_id"] == project_id}
+        record_touches(store, project_id, hours, time.time_ns())
 
 
 def spread(project_id: int, since: dt.datetime, until: dt.datetime, n: int, seed: int = 1, **kwargs) -> list[dict]:
@@ -120,6 +147,25 @@ class Receiver:
     def close(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+def parse_metrics(text: str) -> dict[str, dict[frozenset, float]]:
+    """Prometheus text format → {sample name: {frozenset of label items: value}}."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    samples: dict[str, dict[frozenset, float]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            samples.setdefault(sample.name, {})[frozenset(sample.labels.items())] = sample.value
+    return samples
+
+
+def scrape_metrics(base_url: str) -> dict[str, dict[frozenset, float]]:
+    """A live platform's /metrics (no token), parsed by parse_metrics."""
+    import urllib.request
+
+    with urllib.request.urlopen(f"{base_url}/metrics", timeout=30) as response:
+        return parse_metrics(response.read().decode())
 
 
 # -- server mode: a fresh PostgreSQL database shared by several platform processes --------------------------------

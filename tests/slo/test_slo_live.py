@@ -3,6 +3,7 @@ OTLP traffic evaluated by the platform's own Celery worker and beat (in-process;
 rates, budget, state and the status history read back through the API."""
 from __future__ import annotations
 
+import datetime as dt
 import json
 import time
 import urllib.error
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from otlp_payloads import MS, engine_span, export_protobuf, pb_request, vllm_resource
+from prometheus_client.parser import text_string_to_metric_families
 
 ENV = {"SLO_EVALUATE_INTERVAL_SECONDS": "1", "SLO_SETTLE_SECONDS": "0"}
 TTFT_SLO = {"name": "chat-ttft", "description": "first token", "sli": "ttft_ms", "threshold_ms": 500,
@@ -223,6 +225,77 @@ def test_yaml_applied_on_a_running_platform_is_evaluated_and_late_data_is_counte
     body = wait_for(platform, bob, "e2e", lambda b: b["status"]["counts"]["6h"]["total"] == 14)
     assert body["status"]["counts"]["6h"] == {"total": 14, "bad": 10}
     assert body["status"]["state"] == "burning" and body["status"]["firing"]["name"] == "ticket-6h"
+
+
+def scrape(platform) -> dict:
+    """The platform's /metrics (no token) → {(sample name, frozenset of label items): value}."""
+    with urllib.request.urlopen(platform.url + "/metrics", timeout=60) as response:
+        text = response.read().decode()
+    return {(sample.name, frozenset(sample.labels.items())): sample.value
+            for family in text_string_to_metric_families(text) for sample in family.samples}
+
+
+def per_slo(samples: dict, name: str) -> dict:
+    """{(project, slo): {other labels: value}} of one per-SLO family."""
+    out: dict = {}
+    for (sample, labels), value in samples.items():
+        if sample == name:
+            labels = dict(labels)
+            key = (labels.pop("project"), labels.pop("slo"))
+            out.setdefault(key, {})[frozenset(labels.items())] = value
+    return out
+
+
+def test_metrics_expose_every_slo_as_the_api_reports_it(platform):
+    """/metrics carries every SLO of every project under its own project's label, with the figures GET
+    /api/v1/slos answers; the platform's own worker ran the evaluations and claimed the alert transitions."""
+    readers = {"alpha": platform.tokens["alice"], "beta": platform.tokens["bob"]}
+    for _attempt in range(30):
+        before = scrape(platform)
+        answers = {}
+        for project, token in readers.items():
+            status, body = call(platform, "GET", "/api/v1/slos", token)
+            assert status == 200, body
+            answers.update({(project, s["name"]): s for s in body["slos"]})
+        samples = scrape(platform)
+        stamps = per_slo(samples, "observatory_slo_last_evaluation_timestamp_seconds")
+        # the evaluation of a new minute may land between the reads: read again until all three agree
+        if stamps == per_slo(before, "observatory_slo_last_evaluation_timestamp_seconds") and all(
+                stamps.get(key, {}).get(frozenset({"sli": s["sli"]}.items()))
+                == dt.datetime.fromisoformat(s["status"]["last_evaluated_at"].replace("Z", "+00:00")).timestamp()
+                for key, s in answers.items()):
+            break
+        time.sleep(0.5)
+    else:
+        raise AssertionError(f"/metrics and the API never agreed on the evaluation times: {answers}")
+
+    assert set(answers) == {("alpha", "chat-ttft"), ("alpha", "rare-ttft"), ("alpha", "chat-errors"), ("beta", "e2e")}
+    assert set(per_slo(samples, "observatory_slo_objective_ratio")) == set(answers)
+    for key, slo in answers.items():
+        status, sli = slo["status"], frozenset({"sli": slo["sli"]}.items())
+        assert per_slo(samples, "observatory_slo_objective_ratio")[key] == {sli: slo["objective"]}
+        assert per_slo(samples, "observatory_slo_error_budget_remaining_ratio")[key] == {
+            sli: pytest.approx(status["budget_remaining"])}
+        firing = status["firing"] or {}
+        assert per_slo(samples, "observatory_slo_state")[key] == {frozenset({
+            "sli": slo["sli"], "state": status["state"], "firing_tier": firing.get("name", ""),
+            "severity": firing.get("severity", "")}.items()): 1.0}
+        rates = {dict(labels)["window"]: value
+                 for labels, value in per_slo(samples, "observatory_slo_burn_rate")[key].items()}
+        assert rates == {w: pytest.approx(r) for w, r in status["burn_rates"].items() if r is not None}
+    assert per_slo(samples, "observatory_slo_burn_rate")["alpha", "chat-ttft"][
+        frozenset({"sli": "ttft_ms", "window": "1h"}.items())] == pytest.approx(20.0)
+
+    # evaluated in this process, by its in-process worker; the page of chat-ttft and the ticket of beta's e2e
+    assert samples[("observatory_slo_evaluations_total", frozenset())] > 0
+    assert samples[("observatory_slo_evaluation_seconds_count", frozenset())] > 0
+    assert all(value == 0 for (name, _), value in samples.items()
+               if name == "observatory_slo_evaluation_failures_total")
+    for severity in ("page", "ticket"):
+        labels = {"kind": "slo_burn", "severity": severity}
+        assert samples[("observatory_alert_transitions_total", frozenset({**labels, "to": "pending"}.items()))] >= 1
+        assert sum(samples[("observatory_alerts", frozenset({**labels, "state": state}.items()))]
+                   for state in ("pending", "firing")) >= 1
 
 
 def test_evaluation_ran_in_the_platform_without_errors(platform):
