@@ -96,6 +96,7 @@ def test_compose_services(compose):
         environment = dict(service["environment"])
         if name == "worker":  # a thread pool serving its own /metrics (delivery counters)
             assert environment.pop("OBSERVATORY_WORKER_METRICS_BIND") == "0.0.0.0:9464"
+            assert environment.pop("OBSERVATORY_METRICS_SLO_SERIES") == "false"  # no duplicate per-SLO series
             assert service["command"][service["command"].index("--pool") + 1] == "threads"
             assert service["expose"] == ["9464"]
         assert environment == compose["services"]["platform"]["environment"]
