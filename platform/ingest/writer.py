@@ -17,6 +17,19 @@ from .spool import Spool
 log = logging.getLogger(__name__)
 
 
+def name_os_thread(name: str) -> None:
+    """Give the calling thread `name` (15 bytes at most) in the OS too, Linux only, so that top -H,
+    perf and the ingest benchmark's per-thread CPU tell the platform's threads apart (Python 3.14
+    does this for every thread itself)."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(15, name.encode()[:15], 0, 0, 0)  # PR_SET_NAME
+    except (OSError, AttributeError):  # not Linux / no prctl: the name is only cosmetic
+        pass
+
+
 class SpanWriter(threading.Thread):
     # A batch that ClickHouse refuses as a whole is retried this many times (it is more likely a
     # problem of the store than of every record in it) before records are dead-lettered one by one.
@@ -57,6 +70,7 @@ class SpanWriter(threading.Thread):
         return self.spool.pending_bytes == 0
 
     def run(self) -> None:
+        name_os_thread(self.name)
         backoff = 0.1
         while not self._stop_event.is_set():
             try:

@@ -13,6 +13,7 @@ from collections import OrderedDict, defaultdict
 from pathlib import Path
 
 from ingest.rows import bulk_insert_settings, encode_rows
+from ingest.writer import name_os_thread
 
 from collectors.base import LLMCall, Role
 
@@ -321,6 +322,7 @@ class RequestBuilder(threading.Thread):
             self.recovered = True
 
     def run(self) -> None:
+        name_os_thread(self.name)
         backoff = 0.5
         first = True
         started = time.monotonic()

@@ -4,13 +4,15 @@
 
 Also measures, on the same payloads in the same run, the raw parse rate: protobuf
 decoding plus turning every span's fields and attributes into Python values, which
-any Python receiver must do at least; and the platform process's peak resident
-memory (VmHWM) over the run.
+any Python receiver must do at least; the platform process's peak resident
+memory (VmHWM) over the run; and the CPU time (user + system, all threads) the platform
+process spent per span from the first export to the last trace being queryable.
 """
 from __future__ import annotations
 
 import argparse
 import http.client
+import os
 import random
 import threading
 import time
@@ -48,6 +50,8 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--batches", type=int, default=300)
     parser.add_argument("--senders", type=int, default=2)
+    parser.add_argument("--cpu-detail", action="store_true",
+                        help="also print the platform's CPU per span by thread name (Python threads are 'python')")
     args = parser.parse_args(argv)
 
     rng = random.Random(7)
@@ -76,6 +80,8 @@ def main(argv=None) -> None:
             response.read()
             return response.status
 
+        cpu_before = _cpu_seconds(platform.proc.pid)
+        threads_before = _thread_cpu(platform.proc.pid) if args.cpu_detail else {}
         started = time.perf_counter()
         with ThreadPoolExecutor(args.senders) as pool:
             statuses = list(pool.map(send, [p for p, _ in payloads]))
@@ -103,6 +109,8 @@ def main(argv=None) -> None:
                 break
             time.sleep(0.1)
         queryable = time.perf_counter() - started
+        cpu_after = _cpu_seconds(platform.proc.pid)
+        threads_after = _thread_cpu(platform.proc.pid) if args.cpu_detail else {}
         peak_rss_kib = _peak_rss_kib(platform.proc.pid)
     finally:
         platform.stop()
@@ -116,6 +124,45 @@ def main(argv=None) -> None:
     print(f"BENCH ingest_ratio={e2e_rate / parse_rate:.2f} ratio")
     if peak_rss_kib is not None:
         print(f"BENCH ingest_peak_rss_mib={peak_rss_kib / 1024:.0f} MiB")
+    if cpu_before is not None and cpu_after is not None:
+        print(f"BENCH ingest_cpu_us_per_span={(cpu_after - cpu_before) * 1e6 / spans_total:.1f} us/span")
+    if args.cpu_detail:
+        by_name: dict[str, float] = {}
+        for tid, (name, seconds) in threads_after.items():
+            by_name[name] = by_name.get(name, 0.0) + seconds - threads_before.get(tid, (name, 0.0))[1]
+        for name, seconds in sorted(by_name.items(), key=lambda item: -item[1]):
+            if seconds > 0:
+                print(f"  cpu {name:16s} {seconds * 1e6 / spans_total:6.1f} us/span")
+
+
+def _thread_cpu(pid: int) -> dict[int, tuple[str, float]]:
+    """{thread id: (thread name, CPU seconds so far)} of a process, Linux only (ended threads are lost)."""
+    out = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as stat:
+                text = stat.read()
+        except OSError:
+            continue
+        name = text[text.index("(") + 1 : text.rindex(")")]
+        fields = text.rsplit(")", 1)[1].split()
+        out[int(tid)] = (name, (int(fields[11]) + int(fields[12])) / tick)
+    return out
+
+
+def _cpu_seconds(pid: int) -> float | None:
+    """CPU time (user + system) the platform process has used so far, Linux only."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _peak_rss_kib(pid: int) -> int | None:
