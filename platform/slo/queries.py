@@ -323,7 +323,10 @@ def status_series(store: ClickHouseStore, project_id: int, slo_id: int, since: d
         "SELECT * FROM (SELECT toUnixTimestamp(at) AS t, state, firing_tier, severity, budget_remaining, burn_rates, "
         f"totals, bads FROM {store.table('slo_status')} FINAL "
         "WHERE project_id = {project_id:UInt32} AND slo_id = {slo_id:UInt64} "
-        "AND at >= {since:DateTime} AND at < {until:DateTime} ORDER BY at DESC LIMIT {limit:UInt32}) ORDER BY t",
+        # DateTime64: a whole-second `until` (12:01:00 for 12:01:00.4) would drop the point of the current
+        # minute, stamped 12:01:00, during the first second after the minute turns.
+        "AND at >= {since:DateTime64(6)} AND at < {until:DateTime64(6)} ORDER BY at DESC LIMIT {limit:UInt32}) "
+        "ORDER BY t",
         project_id=project_id,
         parameters={"slo_id": slo_id, "since": _utc_naive(since), "until": _utc_naive(until), "limit": limit},
     )
