@@ -19,18 +19,6 @@ LABELS = ("5m", "30m", "1h", "2h", "6h", "1d", "3d", "30d")
 PAGE = {label: burn.WindowCounts(1000, 200 if label in ("5m", "1h") else 0) for label in LABELS}
 
 
-@pytest.fixture(scope="module")
-def store():
-    import traces.store as store_module
-    from alerts_support import open_store
-
-    scratch, close = open_store()
-    previous, store_module._store = store_module._store, scratch
-    yield scratch
-    store_module._store = previous
-    close()
-
-
 def token(username: str, project: Project, role: str) -> str:
     user, _ = get_user_model().objects.get_or_create(username=username)
     Membership.objects.create(user=user, project=project, role=role)

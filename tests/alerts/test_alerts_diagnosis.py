@@ -10,24 +10,13 @@ import uuid
 import pytest
 from alerts import diagnosis, regression
 from alerts.models import Alert
-from alerts_support import insert_requests, open_store, spread
+from alerts_support import insert_requests, spread
 from tenancy.models import Project
 
 NOW = (dt.datetime.now(dt.timezone.utc) - dt.timedelta(hours=3)).replace(second=0, microsecond=0)
 MIN = dt.timedelta(minutes=1)
 BURNING = (NOW - 10 * MIN, NOW)
 BASELINE = (NOW - 40 * MIN, NOW - 10 * MIN)
-
-
-@pytest.fixture(scope="module")
-def store():
-    import traces.store as store_module
-
-    scratch, close = open_store()
-    previous, store_module._store = store_module._store, scratch
-    yield scratch
-    store_module._store = previous
-    close()
 
 
 def seed(store, service: str, baseline: dict, burning: list[dict], project_id: int = 1, n: int = 300):

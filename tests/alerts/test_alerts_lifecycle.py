@@ -9,7 +9,7 @@ import hashlib
 import pytest
 from alerts import lifecycle
 from alerts.models import Alert, AlertState, AlertTransition
-from alerts_support import insert_requests, open_store, spread
+from alerts_support import insert_requests, spread
 from django.utils import timezone
 from notify.models import Channel, Delivery
 from slo import burn, services
@@ -19,19 +19,6 @@ from tenancy.models import Project
 T0 = (dt.datetime.now(dt.timezone.utc) - dt.timedelta(days=1)).replace(minute=0, second=0, microsecond=0)
 MIN = dt.timedelta(minutes=1)
 LABELS = ("5m", "30m", "1h", "2h", "6h", "1d", "3d", "30d")
-
-
-@pytest.fixture(scope="module")
-def store():
-    """A scratch ClickHouse store that get_store() hands out for this module."""
-    import traces.store as store_module
-
-    scratch, close = open_store()
-    previous = store_module._store
-    store_module._store = scratch
-    yield scratch
-    store_module._store = previous
-    close()
 
 
 @pytest.fixture

@@ -57,18 +57,6 @@ def test_matcher_forms_and_errors():
     assert matches_all(parse_matchers(['slo="chat-ttft"', 'severity!="ticket"']), ALERT_LABELS)
 
 
-@pytest.fixture(scope="module")
-def store():
-    import traces.store as store_module
-    from alerts_support import open_store
-
-    scratch, close = open_store()
-    previous, store_module._store = store_module._store, scratch
-    yield scratch
-    store_module._store = previous
-    close()
-
-
 @pytest.fixture
 def slo(db):
     project = Project.objects.create(name="alpha")

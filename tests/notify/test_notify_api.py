@@ -125,12 +125,12 @@ def test_malformed_bodies_and_duplicates(platform):
 
 def test_kinds_matchers_and_redaction(platform):
     status, body = create(platform, name="slack-chat", kind="slack",
-                          url="https://hooks.slack.com/services/T000/B000/XXXXSECRET",
+                          url="https://hooks.slack.com/services/T000/B000/not-a-real-token",
                           severities=["page"], matchers=['service=~"chat-.*"', {"name": "model", "op": "!=",
                                                                                  "value": "tiny"}])
     assert status == 201 and "secrets" not in body
     channel = body["channel"]
-    assert channel["url"] == "https://hooks.slack.com/services/***" and "XXXXSECRET" not in json.dumps(body)
+    assert channel["url"] == "https://hooks.slack.com/services/***" and "not-a-real-token" not in json.dumps(body)
     assert channel["matchers"] == [{"name": "service", "op": "=~", "value": "chat-.*"},
                                    {"name": "model", "op": "!=", "value": "tiny"}]
     status, body = create(platform, name="pd", kind="pagerduty", routing_key="R0UTINGKEY0123456789abcdef")
