@@ -56,3 +56,35 @@ def seed_requests(store, project_id: int, *, rows: int, start: dt.datetime, end:
         hour += dt.timedelta(hours=1)
     rollups.record_touches(store, project_id, hours, version)
     return version
+
+
+_SPANS_INSERT = (
+    "INSERT INTO {table} (project_id, trace_id, span_id, parent_span_id, start_time, end_time, name, kind, "
+    "service_name, attributes, llm_convention, retention_days) "
+    "SELECT {{project_id:UInt32}}, lower(hex(sipHash128(intDiv(number, 3)))), lower(hex(sipHash64(number))), "
+    "if(number % 3 = 0, '', lower(hex(sipHash64(number - 1)))), "
+    "fromUnixTimestamp64Nano(toInt64({{start_ns:Int64}} + intDiv(number, 3) * {{step_ns:Int64}} + number % 3 * 2000000)), "
+    "fromUnixTimestamp64Nano(toInt64({{start_ns:Int64}} + intDiv(number, 3) * {{step_ns:Int64}} + 900000000 - number % 3 * 2000000)), "
+    "['chat meta-llama/Llama-3.1-8B-Instruct', 'chat meta-llama/Llama-3.1-8B-Instruct', 'llm_request'][number % 3 + 1], "
+    "[3, 2, 2][number % 3 + 1], ['chat-app', 'llm-gateway', 'vllm'][number % 3 + 1], "
+    "map('gen_ai.request.model', 'meta-llama/Llama-3.1-8B-Instruct', 'gen_ai.usage.input_tokens', toString(sipHash64(number) % 8000)), "
+    "['genai', 'genai', 'vllm'][number % 3 + 1], {{retention:UInt16}} "
+    "FROM numbers({{first:UInt64}}, {{rows:UInt64}})"
+)
+
+
+def seed_spans(store, project_id: int, *, traces: int, start: dt.datetime, end: dt.datetime,
+               retention_days: int = 30) -> None:
+    """`traces` stored client → gateway → engine traces (3 spans each) spread over [start, end), with one
+    request row each, as a store that has been ingesting for a while holds: what the ingest benchmark's
+    `--preload` puts in front of the spans it then sends, so that lookups by trace id pay for a full store."""
+    step_ns = int((end - start).total_seconds() * 1e9 / traces)
+    for first in range(0, traces, 1_000_000):  # bounded memory per INSERT … SELECT
+        count = min(1_000_000, traces - first)
+        store.tenant_command(
+            _SPANS_INSERT.format(table=store.table("spans")),
+            project_id=project_id,
+            parameters={"start_ns": int(start.timestamp() * 1e9), "step_ns": step_ns, "first": first * 3,
+                        "rows": count * 3, "retention": retention_days},
+        )
+    seed_requests(store, project_id, rows=traces, start=start, end=end, retention_days=retention_days)
