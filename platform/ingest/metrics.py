@@ -21,3 +21,10 @@ DECOMPOSE_SECONDS = Histogram(
     "observatory_decompose_cycle_seconds", "Time of one decomposition cycle",
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
 )
+DECOMPOSE_TRACE_SOURCES = Counter(
+    "observatory_decompose_traces_by_source",
+    "Traces decomposed, by where their spans came from: memory (no lookup: new to the store, see the trace "
+    "filter), memory_checked (memory, after a span-count lookup), store (read back from ClickHouse)",
+    ["source"],
+)
+TRACE_FILTER_BYTES = Gauge("observatory_trace_filter_bytes", "Memory held by the decomposition's filter of recent traces")

@@ -79,10 +79,12 @@ class SpanWriter(threading.Thread):
                     continue
                 if self.schema is not None:
                     self.schema.ensure()
-                self._write(records)
-                # Report before committing: after a crash in between, the replay reports again.
+                refused = self._write(records)
+                # Report before committing: after a crash in between, the replay reports again. Records
+                # ClickHouse refused (dead-lettered) are not stored, so not reported.
                 if self.on_written is not None:
-                    self.on_written([(r, self.spool.memo(position)) for position, r in records])
+                    self.on_written([(r, self.spool.memo(position)) for position, r in records
+                                     if position not in refused])
                 self.spool.commit(next_position)
                 self.position = next_position
                 metrics.SPOOL_PENDING_BYTES.set(self.spool.pending_bytes)
@@ -156,11 +158,12 @@ class SpanWriter(threading.Thread):
         metrics.INSERT_SECONDS.labels(table).observe(time.perf_counter() - started)
         metrics.INSERT_ROWS.labels(table).inc(rows)
 
-    def _write(self, records) -> None:
+    def _write(self, records) -> set:
+        """Insert the records; returns the positions of those ClickHouse refused (dead-lettered)."""
         try:
             self._insert(records)
             self._refusals = 0
-            return
+            return set()
         except StoreUnavailable:
             raise
         except Exception:
@@ -181,6 +184,7 @@ class SpanWriter(threading.Thread):
         # Only what ClickHouse refuses on its own is set aside; the rest went through above.
         for item, exc in failures:
             self._deadletter(item, exc)
+        return {position for (position, _), _ in failures}
 
     def _deadletter(self, item, exc: Exception) -> None:
         position, record = item

@@ -62,6 +62,8 @@ class PlatformRuntime:
             state_dir=self.spool_dir,
             schema=self.schema,
             project_ids=_project_ids,
+            trace_window=ingest["TRACE_WINDOW_SECONDS"],
+            max_span_age=ingest["MAX_SPAN_AGE_SECONDS"],
         )
         self.writer = SpanWriter(
             self.spool,

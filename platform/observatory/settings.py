@@ -157,6 +157,11 @@ INGEST = {
     "WRITER_BATCH_SPANS": envint("INGEST_WRITER_BATCH_SPANS", 40000),
     "WRITER_MAX_DELAY_SECONDS": envfloat("INGEST_WRITER_MAX_DELAY_SECONDS", 0.5),
     "DECOMPOSE_INTERVAL_SECONDS": envfloat("INGEST_DECOMPOSE_INTERVAL_SECONDS", 0.5),
+    # How long the decomposition remembers which traces it wrote (traces/trace_filter.py): a trace it
+    # has not seen in that window is new to the store and needs no lookup. Only for the one process
+    # writing the store: embedded mode always is; in server mode set it when a single platform process
+    # ingests. 0: every trace is looked up in ClickHouse (exact whatever the delay between spans).
+    "TRACE_WINDOW_SECONDS": envfloat("INGEST_TRACE_WINDOW_SECONDS", 3600.0 if EMBEDDED_MODE else 0.0),
     "RETRY_AFTER_SECONDS": envint("INGEST_RETRY_AFTER_SECONDS", 5),
     "ROLLUP_INTERVAL_SECONDS": envfloat("ROLLUP_INTERVAL_SECONDS", 30.0),
     "ROLLUP_SETTLE_SECONDS": envfloat("ROLLUP_SETTLE_SECONDS", 120.0),

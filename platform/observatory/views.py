@@ -25,6 +25,9 @@ def readyz(request):
         "clickhouse": store_ok,
         "spool_pending_bytes": runtime.spool.pending_bytes if runtime else None,
         "decomposition_pending": runtime.builder.pending_traces() if runtime else None,
+        # "off" (every trace looked up), "loading" (traces written before the start being read back:
+        # looked up meanwhile) or "ready" (traces new to the store need no lookup): traces/trace_filter.py
+        "trace_filter": runtime.builder.filter_state() if runtime else None,
     }
     return JsonResponse(body, status=200 if runtime is not None else 503)
 

@@ -20,6 +20,7 @@ from collectors.base import LLMCall, Role
 from .decomposition import RequestRecord, decompose_trace
 from .rollups import record_touches
 from .store import ClickHouseStore, StoreUnavailable, string_set
+from .trace_filter import TRACE_HASH_SQL, TraceFilter
 
 log = logging.getLogger(__name__)
 
@@ -82,47 +83,67 @@ def tombstone_row(project_id: int, trace_id: str, request_key: str, start_us: in
             None, None, None, None, None, None, None, None, [], "", version, 1, 1, ""]
 
 
+class _Trace:
+    """What the memory holds of one trace."""
+
+    __slots__ = ("calls", "parents", "retention_days", "complete", "rows")
+
+    def __init__(self, retention_days: int, complete: bool):
+        self.calls: dict[str, LLMCall] = {}
+        self.parents: dict[str, str] = {}
+        self.retention_days = retention_days
+        # Every stored span of the trace is here: the trace was new to the store when its first spans
+        # were written (TraceFilter, one writing process) and nothing of it has been forgotten since.
+        self.complete = complete
+        # The (request_key, start µs) of its live request rows, as this process last wrote them; None
+        # when unknown (then they are read from ClickHouse).
+        self.rows: set[tuple[str, int]] | None = set() if complete else None
+
+
 class TraceMemory:
     """LLM calls and parent links of recently written traces, so a rebuild need not read them back.
 
-    It is only trusted for a trace when ClickHouse holds exactly as many distinct spans of
-    that trace as the memory does (spans from before a restart, or written by another
-    ingest process, make the counts differ and the trace is read from ClickHouse).
+    An entry is trusted without asking ClickHouse when it is `complete` (see _Trace); otherwise only
+    when ClickHouse holds exactly as many spans of the trace as the memory does (spans from before a
+    restart, or written by another ingest process, make the counts differ and the trace is read from
+    ClickHouse).
     """
 
     def __init__(self, max_traces: int = 50_000):
         self.max_traces = max_traces
-        self._traces: OrderedDict[tuple[int, str], tuple[dict[str, LLMCall], dict[str, str], int]] = OrderedDict()
+        self._traces: OrderedDict[tuple[int, str], _Trace] = OrderedDict()
         self._lock = threading.Lock()
 
-    def add(self, project_id: int, retention_days: int, calls: list[LLMCall], edges: list[tuple[str, str, str]]) -> None:
+    def add(self, project_id: int, retention_days: int, calls: list[LLMCall], edges: list[tuple[str, str, str]],
+            new_traces=frozenset()) -> None:
+        """Remember these spans; `new_traces` are the trace ids the store held nothing of before them."""
         with self._lock:
             traces = self._traces
             # The spans of one trace come several per batch: look each trace up in the LRU once.
-            batch: dict[str, tuple] = {}
+            batch: dict[str, _Trace] = {}
             for trace_id, span_id, parent in edges:
                 entry = batch.get(trace_id)
                 if entry is None:
                     key = (project_id, trace_id)
                     entry = traces.get(key)
                     if entry is None:
-                        entry = traces[key] = ({}, {}, retention_days)
+                        entry = traces[key] = _Trace(retention_days, trace_id in new_traces)
                     else:
                         traces.move_to_end(key)
                     batch[trace_id] = entry
-                entry[1][span_id] = parent
+                entry.parents[span_id] = parent
             for call in calls:
                 entry = batch.get(call.trace_id)
                 if entry is not None:
-                    entry[0][call.span_id] = call
+                    entry.calls[call.span_id] = call
             while len(traces) > self.max_traces:
                 traces.popitem(last=False)
 
-    def get(self, project_id: int, trace_id: str):
+    def get(self, project_id: int, trace_id: str) -> _Trace | None:
         with self._lock:
             return self._traces.get((project_id, trace_id))
 
-    def get_many(self, project_id: int, trace_ids: list[str]) -> dict:
+    def get_many(self, project_id: int, trace_ids: list[str]) -> dict[str, _Trace]:
         """{trace_id: entry} for the traces remembered (one lock hold for a whole rebuild chunk)."""
         with self._lock:
             get = self._traces.get
@@ -143,33 +164,57 @@ def rebuild_traces(store: ClickHouseStore, project_id: int, trace_ids: list[str]
     return written
 
 
-def _from_memory(store: ClickHouseStore, project_id: int, trace_ids: list[str], memory: TraceMemory | None):
-    """The traces whose memory entry is complete: {trace_id: (calls, parents, retention_days)}."""
-    if memory is None:
-        return {}
-    entries = memory.get_many(project_id, trace_ids)
-    if not entries:
-        return {}
-    in_traces, traces = string_set("traces", sorted(entries))
+def _from_memory(store: ClickHouseStore, project_id: int, entries: dict[str, _Trace]) -> dict[str, _Trace]:
+    """The entries that hold every stored span of their trace: the complete ones, and the others whose
+    span count ClickHouse confirms.
+
+    The span-count lookup is the costly part: `spans` is ordered by trace id, so it touches one
+    granule per trace id and part, i.e. the whole project's `trace_id` column once the store holds
+    more than ~5,000 granules' worth of spans (~0.8 s of CPU per 5,000 traces at 10 million spans;
+    `observatory.bench.ingest --preload-traces`). Complete entries (new traces, see TraceFilter)
+    need none."""
+    from ingest import metrics
+
+    trusted = {t: e for t, e in entries.items() if e.complete}
+    check = sorted(t for t, e in entries.items() if not e.complete)
+    if trusted:
+        metrics.DECOMPOSE_TRACE_SOURCES.labels("memory").inc(len(trusted))
+    if not check:
+        return trusted
+    in_traces, traces = string_set("traces", check)
+    # count(), not uniqExact(span_id): a span stored twice (a spool replay) only makes the counts differ,
+    # and the trace is then read from ClickHouse, which is always right; counting is ~20% cheaper.
     stored = store.query_json(
-        f"SELECT trace_id, uniqExact(span_id) FROM {store.table('spans')} "
+        f"SELECT trace_id, count() FROM {store.table('spans')} "
         f"WHERE project_id = {{project_id:UInt32}} AND trace_id IN {in_traces} GROUP BY trace_id",
         project_id=project_id, parameters={"traces": traces},
     )
-    return {t: entries[t] for t, count in stored if count == len(entries[t][1])}
+    confirmed = 0
+    for t, count in stored:
+        if count == len(entries[t].parents):
+            trusted[t] = entries[t]
+            confirmed += 1
+    if confirmed:
+        metrics.DECOMPOSE_TRACE_SOURCES.labels("memory_checked").inc(confirmed)
+    return trusted
 
 
 def _rebuild_chunk(store: ClickHouseStore, project_id: int, trace_ids: list[str], memory: TraceMemory | None = None) -> int:
+    from ingest import metrics
+
     calls_by_trace: dict[str, list[LLMCall]] = defaultdict(list)
     retention: dict[str, int] = {}
     parents_by_trace: dict[str, dict[str, str]] = defaultdict(dict)
-    remembered = _from_memory(store, project_id, trace_ids, memory)
-    for trace_id, (calls, parents, days) in remembered.items():
-        if calls:
-            calls_by_trace[trace_id] = list(calls.values())
-            parents_by_trace[trace_id] = parents
-            retention[trace_id] = days
+    entries = memory.get_many(project_id, trace_ids) if memory is not None else {}
+    remembered = _from_memory(store, project_id, entries) if entries else {}
+    for trace_id, entry in remembered.items():
+        if entry.calls:
+            calls_by_trace[trace_id] = list(entry.calls.values())
+            parents_by_trace[trace_id] = entry.parents
+            retention[trace_id] = entry.retention_days
     to_read = [t for t in trace_ids if t not in remembered]
+    if to_read:
+        metrics.DECOMPOSE_TRACE_SOURCES.labels("store").inc(len(to_read))
     in_traces, traces = string_set("traces", to_read)
     for row in store.query_json(
         f"SELECT {_CALL_FIELDS} FROM {store.table('llm_calls')} FINAL "
@@ -179,14 +224,25 @@ def _rebuild_chunk(store: ClickHouseStore, project_id: int, trace_ids: list[str]
         call, days = _call_from_row(row)
         calls_by_trace[call.trace_id].append(call)
         retention[call.trace_id] = max(retention.get(call.trace_id, 0), days)
-    previous: dict[str, list[tuple[str, int]]] = defaultdict(list)
-    in_traces, traces = string_set("traces", trace_ids)
+    # The rows stored for these traces, to cancel those whose key a late span moved. Not FINAL (about 3x
+    # the CPU here): an older version of a row still live, or of one already cancelled, can come back
+    # too, and cancelling a row twice, or a row the new rows replace anyway, changes nothing.
+    # Traces whose live rows this process wrote itself (their memory entry knows them) need no lookup.
+    previous: dict[str, set[tuple[str, int]]] = defaultdict(set)
+    unknown = []
+    for trace_id in trace_ids:
+        entry = entries.get(trace_id)
+        if entry is None or entry.rows is None:
+            unknown.append(trace_id)
+        elif entry.rows:
+            previous[trace_id] = set(entry.rows)
+    in_traces, traces = string_set("traces", unknown)
     for trace_id, key, start_us in store.query_json(
-        f"SELECT trace_id, request_key, toUnixTimestamp64Micro(start_time) FROM {store.table('llm_requests')} FINAL "
-        f"WHERE project_id = {{project_id:UInt32}} AND trace_id IN {in_traces}",
+        f"SELECT trace_id, request_key, toUnixTimestamp64Micro(start_time) FROM {store.table('llm_requests')} "
+        f"WHERE project_id = {{project_id:UInt32}} AND trace_id IN {in_traces} AND is_deleted = 0",
         project_id=project_id, parameters={"traces": traces},
-    ):
-        previous[trace_id].append((key, start_us))
+    ) if unknown else ():
+        previous[trace_id].add((key, start_us))
     with_calls = sorted(calls_by_trace)
     read_edges = [t for t in with_calls if t not in remembered]
     if read_edges:
@@ -204,9 +260,12 @@ def _rebuild_chunk(store: ClickHouseStore, project_id: int, trace_ids: list[str]
     add_hour = hours.add
     no_calls: list[LLMCall] = []
     no_parents: dict[str, str] = {}
+    live: dict[str, set[tuple[str, int]]] = {}  # the rows each remembered trace has once these are written
     for trace_id in with_calls + [t for t in previous if t not in calls_by_trace]:
         records = decompose_trace(calls_by_trace.get(trace_id, no_calls), parents_by_trace.get(trace_id, no_parents))
         days = retention.get(trace_id, 1)
+        if trace_id in entries:
+            live[trace_id] = {(record.request_key, record.start_ns // 1000) for record in records}
         before = previous.get(trace_id)
         if before is None:  # the usual case: nothing stored for the trace yet
             for record in records:
@@ -228,6 +287,9 @@ def _rebuild_chunk(store: ClickHouseStore, project_id: int, trace_ids: list[str]
                          bulk_insert_settings(store.embedded))
     # After the rows, so a rollup built in between is seen as stale and built again.
     record_touches(store, project_id, hours, version)
+    # Only now that they are stored: these are the trace's live rows (whatever else was there is cancelled).
+    for trace_id, entry in entries.items():
+        entry.rows = live.get(trace_id, set())
     return len(rows)
 
 
@@ -240,13 +302,18 @@ class RequestBuilder(threading.Thread):
     """
 
     def __init__(self, store: ClickHouseStore, *, interval: float, state_dir: str | Path, schema=None,
-                 project_ids=None):
+                 project_ids=None, trace_window: float = 0.0, max_span_age: float = 7 * 86_400):
+        """`trace_window` > 0: this is the only process writing spans to the store, and traces new to it
+        are decomposed without lookups (see trace_filter); `max_span_age` is the ingest limit, which
+        bounds how old a span written in the last `trace_window` seconds can be."""
         super().__init__(name="request-builder", daemon=True)
         self.store = store
         self.interval = interval
         self.state_path = Path(state_dir) / "decomposed_until"
         self._dirty: dict[int, set[str]] = defaultdict(set)
         self.memory = TraceMemory()
+        self.filter = TraceFilter(trace_window) if trace_window > 0 else None
+        self.max_span_age = max_span_age
         self.schema = schema  # SchemaGate: migrations first
         self.project_ids = project_ids  # callable: projects to recover after a restart
         self.recovered = project_ids is None
@@ -258,9 +325,14 @@ class RequestBuilder(threading.Thread):
     # called by the writer after each successful insert, with each record's in-memory memo (or None)
     def mark_written(self, items: list[tuple[tuple, tuple | None]]) -> None:
         for record, memo in items:
+            new = ()
+            if self.filter is not None:
+                seen = self.filter.check_and_add(record[0], record[1])
+                if not seen.all():
+                    new = {t for t, s in zip(record[1], seen.tolist()) if not s}
             if memo is not None:
                 calls, edges, retention_days = memo
-                self.memory.add(record[0], retention_days, calls, edges)
+                self.memory.add(record[0], retention_days, calls, edges, new)
         with self._lock:
             for record, _memo in items:
                 self._dirty[record[0]].update(record[1])
@@ -321,8 +393,50 @@ class RequestBuilder(threading.Thread):
                 log.info("rebuilding %d traces ingested before the last stop", count)
             self.recovered = True
 
+    def load_filter(self) -> int:
+        """Put into the filter the traces with spans written in the last window before this process
+        started (by the process before it); returns how many. Then traces new to the store can be told."""
+        since_ms = int((time.time() - self.filter.window) * 1000)
+        # A span written since then started at most max_span_age before it: that bounds the partitions read.
+        oldest_ms = since_ms - int(self.max_span_age * 1000) - 3_600_000
+        loaded = []
+        for project_id in (self.project_ids() if self.project_ids is not None else []):
+            loaded.append((project_id, self.store.query_uint64(
+                f"SELECT DISTINCT {TRACE_HASH_SQL} FROM {self.store.table('spans')} "
+                "WHERE project_id = {project_id:UInt32} AND start_time >= fromUnixTimestamp64Milli({oldest:Int64}) "
+                "AND ingested_at >= fromUnixTimestamp64Milli({since:Int64})",
+                project_id=project_id, parameters={"oldest": oldest_ms, "since": since_ms},
+            )))
+        total = sum(len(hashes) for _, hashes in loaded)
+        self.filter.reserve(total)
+        for project_id, hashes in loaded:
+            self.filter.load(project_id, hashes)
+        self.filter.ready.set()
+        return total
+
+    def filter_state(self) -> str:
+        if self.filter is None:
+            return "off"
+        return "ready" if self.filter.ready.is_set() else "loading"
+
+    def _filter_loader(self) -> None:
+        backoff = 1.0
+        while not self._stop_event.is_set():
+            try:
+                if self.schema is not None:
+                    self.schema.ensure()
+                loaded = self.load_filter()
+                log.info("trace filter ready: %d traces written in the last %.0fs", loaded, self.filter.window)
+                return
+            except Exception as exc:  # ClickHouse away: every trace is looked up meanwhile
+                log.warning("trace filter not loaded yet (%s); retrying in %.0fs", exc, backoff)
+                self._stop_event.wait(backoff)
+                backoff = min(backoff * 2, 30.0)
+
     def run(self) -> None:
         name_os_thread(self.name)
+        if self.filter is not None:
+            threading.Thread(target=self._filter_loader, name="trace-filter", daemon=True).start()
         backoff = 0.5
         first = True
         started = time.monotonic()
@@ -375,5 +489,7 @@ class RequestBuilder(threading.Thread):
         tmp.write_text(str(taken_ms))
         tmp.replace(self.state_path)
         metrics.DECOMPOSED_TRACES.inc(done)
+        if self.filter is not None:
+            metrics.TRACE_FILTER_BYTES.set(self.filter.nbytes)
         metrics.DECOMPOSE_SECONDS.observe(time.perf_counter() - started)
         return done
