@@ -125,6 +125,7 @@ def main(argv=None) -> None:
         cpu_after = _cpu_seconds(platform.proc.pid)
         threads_after = _thread_cpu(platform.proc.pid) if args.cpu_detail else {}
         peak_rss_kib = _peak_rss_kib(platform.proc.pid)
+        sources = _decompose_sources(platform)
     finally:
         platform.stop()
 
@@ -139,6 +140,11 @@ def main(argv=None) -> None:
     print(f"BENCH ingest_ratio={e2e_rate / parse_rate:.2f} ratio")
     if peak_rss_kib is not None:
         print(f"BENCH ingest_peak_rss_mib={peak_rss_kib / 1024:.0f} MiB")
+    # How the traces were decomposed: from memory with no lookup (new to the store), from memory after a
+    # span-count lookup, or read back from ClickHouse (e.g. when the decomposition fell so far behind that
+    # traces left its memory). Counts, not rates.
+    for source, count in sorted(sources.items()):
+        print(f"BENCH ingest_decomposed_from_{source}={count:.0f} traces")
     if cpu_before is not None and cpu_after is not None:
         print(f"BENCH ingest_cpu_us_per_span={(cpu_after - cpu_before) * 1e6 / spans_total:.1f} us/span")
     if args.cpu_detail:
@@ -148,6 +154,20 @@ def main(argv=None) -> None:
         for name, seconds in sorted(by_name.items(), key=lambda item: -item[1]):
             if seconds > 0:
                 print(f"  cpu {name:16s} {seconds * 1e6 / spans_total:6.1f} us/span")
+
+
+def _decompose_sources(platform: PlatformProcess) -> dict[str, float]:
+    """observatory_decompose_traces_by_source_total of the platform, by source."""
+    import urllib.request
+
+    with urllib.request.urlopen(platform.url + "/metrics", timeout=60) as response:
+        text = response.read().decode()
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("observatory_decompose_traces_by_source_total{"):
+            labels, value = line.rsplit(" ", 1)
+            out[labels.split('source="', 1)[1].split('"', 1)[0]] = float(value)
+    return out
 
 
 def _wait_for_trace_filter(platform: PlatformProcess, timeout: float = 600) -> None:
