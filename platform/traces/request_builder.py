@@ -399,7 +399,8 @@ class RequestBuilder(threading.Thread):
     def load_filter(self) -> int:
         """Put into the filter the traces with spans written in the last window before this process
         started (by the process before it); returns how many. Then traces new to the store can be told."""
-        since_ms = int((time.time() - self.filter.window) * 1000)
+        # A few minutes more than the window: ClickHouse stamps ingested_at with its own clock.
+        since_ms = int((time.time() - self.filter.window - 300) * 1000)
         # A span written since then started at most max_span_age before it: that bounds the partitions read.
         oldest_ms = since_ms - int(self.max_span_age * 1000) - 3_600_000
         loaded = []

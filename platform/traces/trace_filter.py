@@ -93,7 +93,7 @@ class _Bloom:
 class TraceFilter:
     """The (project, trace) pairs with spans written in the last `window` seconds, give or take false positives."""
 
-    def __init__(self, window_seconds: float, *, max_bytes: int = 256 << 20, clock=time.time):
+    def __init__(self, window_seconds: float, *, max_bytes: int = 256 << 20, clock=time.monotonic):
         if window_seconds <= 0:
             raise ValueError("window_seconds must be positive (a window of 0 means: no filter)")
         self.window = float(window_seconds)
