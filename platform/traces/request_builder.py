@@ -12,6 +12,7 @@ import time
 from collections import OrderedDict, defaultdict
 from pathlib import Path
 
+from ingest import metrics
 from ingest.rows import bulk_insert_settings, encode_rows
 from ingest.writer import name_os_thread
 
@@ -176,8 +177,6 @@ def _from_memory(store: ClickHouseStore, project_id: int, entries: dict[str, _Tr
     more than ~5,000 granules' worth of spans (~0.8 s of CPU per 5,000 traces at 10 million spans;
     `observatory.bench.ingest --preload-traces`). Complete entries (new traces, see TraceFilter)
     need none."""
-    from ingest import metrics
-
     trusted = {t: e for t, e in entries.items() if e.complete}
     check = sorted(t for t, e in entries.items() if not e.complete)
     if trusted:
@@ -203,8 +202,6 @@ def _from_memory(store: ClickHouseStore, project_id: int, entries: dict[str, _Tr
 
 
 def _rebuild_chunk(store: ClickHouseStore, project_id: int, trace_ids: list[str], memory: TraceMemory | None = None) -> int:
-    from ingest import metrics
-
     calls_by_trace: dict[str, list[LLMCall]] = defaultdict(list)
     retention: dict[str, int] = {}
     parents_by_trace: dict[str, dict[str, str]] = defaultdict(dict)
@@ -467,8 +464,6 @@ class RequestBuilder(threading.Thread):
                 backoff = min(backoff * 2, 10.0)
 
     def cycle(self) -> int:
-        from ingest import metrics  # the platform's metrics registry
-
         with self._lock:
             dirty, self._dirty = self._dirty, defaultdict(set)
             taken_ms = time.time_ns() // 1_000_000

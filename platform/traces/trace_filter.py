@@ -107,7 +107,6 @@ class TraceFilter:
         # trace absent from the filter may still be stored, and `check_and_add` reports every trace seen.
         self.ready = threading.Event()
 
-
     def _start_new(self, size_bits: int, now: float) -> None:
         budget = self.max_bytes * 8 - sum(b.size for b in self._blooms)
         self._blooms.insert(0, _Bloom(min(size_bits, max(budget, _MIN_BITS)), now))
@@ -124,10 +123,7 @@ class TraceFilter:
         True until `ready`), False when it certainly was not within the window."""
         hashes = _mixed(project_id, raw_hashes(trace_ids, len(trace_ids)))
         with self._lock:
-            self._rotate_if_due(self._clock())
-            seen = np.zeros(len(hashes), dtype=bool)
-            for bloom in self._blooms:
-                seen |= bloom.contains(hashes)
+            seen = self._seen(hashes)
             self._blooms[0].add(hashes)
         if not self.ready.is_set():
             seen[:] = True
@@ -135,12 +131,15 @@ class TraceFilter:
 
     def may_contain(self, project_id: int, trace_ids: list[str]) -> np.ndarray:
         """For each trace, whether it may have been written within the window (nothing added)."""
-        hashes = _mixed(project_id, raw_hashes(trace_ids, len(trace_ids)))
         with self._lock:
-            self._rotate_if_due(self._clock())
-            seen = np.zeros(len(hashes), dtype=bool)
-            for bloom in self._blooms:
-                seen |= bloom.contains(hashes)
+            return self._seen(_mixed(project_id, raw_hashes(trace_ids, len(trace_ids))))
+
+    def _seen(self, hashes: np.ndarray) -> np.ndarray:
+        """Whether any filter kept may hold each hash (the caller holds the lock)."""
+        self._rotate_if_due(self._clock())
+        seen = np.zeros(len(hashes), dtype=bool)
+        for bloom in self._blooms:
+            seen |= bloom.contains(hashes)
         return seen
 
     def load(self, project_id: int, raw: np.ndarray) -> None:

@@ -72,24 +72,17 @@ def test_first_event_offset(make_span):
     assert attrs.first_event_offset_ms(before_start, frozenset({"first"})) is None
 
 
-def test_engine_config_prefers_resource_then_span(make_span):
-    both = make_span("s", resource={"llm_observatory.engine_config": "cfg-a"},
-                     attributes={"llm_observatory.engine_config": "cfg-b"})
-    assert attrs.engine_config_of(both) == "cfg-a"
-    span_only = make_span("s", attributes={"llm_observatory.engine_config": "cfg-b"})
-    assert attrs.engine_config_of(span_only) == "cfg-b"
-    assert attrs.engine_config_of(make_span("s")) is None
-
-
-def test_replica_group_prefers_resource_then_span(make_span):
-    # The platform's replicas say it on their resource, its gateway on the span it routed.
-    both = make_span("s", resource={"llm_observatory.replica_group": "canary"},
-                     attributes={"llm_observatory.replica_group": "stable"})
-    assert attrs.replica_group_of(both) == "canary"
-    span_only = make_span("s", attributes={"llm_observatory.replica_group": "stable"})
-    assert attrs.replica_group_of(span_only) == "stable"
-    assert attrs.replica_group_of(make_span("s")) is None
-    assert attrs.replica_group_of(make_span("s", resource={"llm_observatory.replica_group": ""})) is None
+@pytest.mark.parametrize("key, read", [
+    ("llm_observatory.engine_config", attrs.engine_config_of),
+    # The platform's replicas say their group on their resource, its gateway on the span it routed.
+    ("llm_observatory.replica_group", attrs.replica_group_of),
+])
+def test_platform_attributes_prefer_resource_then_span(make_span, key, read):
+    both = make_span("s", resource={key: "from-resource"}, attributes={key: "from-span"})
+    assert read(both) == "from-resource"
+    assert read(make_span("s", attributes={key: "from-span"})) == "from-span"
+    assert read(make_span("s")) is None
+    assert read(make_span("s", resource={key: ""})) is None
 
 
 def test_is_error_from_status_or_error_type(make_span):

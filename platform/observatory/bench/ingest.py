@@ -20,16 +20,19 @@ import argparse
 import datetime as dt
 import http.client
 import os
-import sys
 import random
+import sys
 import threading
 import time
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from prometheus_client.parser import text_string_to_metric_families
 
 from .harness import PlatformProcess
 from .payloads import chain_batch
+from .seed import platform_store, seed_spans
 
 
 def _value(v):
@@ -158,16 +161,11 @@ def main(argv=None) -> None:
 
 def _decompose_sources(platform: PlatformProcess) -> dict[str, float]:
     """observatory_decompose_traces_by_source_total of the platform, by source."""
-    import urllib.request
-
     with urllib.request.urlopen(platform.url + "/metrics", timeout=60) as response:
         text = response.read().decode()
-    out = {}
-    for line in text.splitlines():
-        if line.startswith("observatory_decompose_traces_by_source_total{"):
-            labels, value = line.rsplit(" ", 1)
-            out[labels.split('source="', 1)[1].split('"', 1)[0]] = float(value)
-    return out
+    return {sample.labels["source"]: sample.value
+            for family in text_string_to_metric_families(text) if family.name == "observatory_decompose_traces_by_source"
+            for sample in family.samples if sample.name.endswith("_total")}
 
 
 def _wait_for_trace_filter(platform: PlatformProcess, timeout: float = 600) -> None:
@@ -182,26 +180,12 @@ def _wait_for_trace_filter(platform: PlatformProcess, timeout: float = 600) -> N
 
 def preload(data_dir: str, project_name: str, traces: int) -> None:
     """Store `traces` synthetic traces in the platform's (not yet running) store, in this process."""
-    os.environ["OBSERVATORY_DATA_DIR"] = data_dir
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "observatory.settings")
-    import django
-
-    django.setup()
-    from tenancy.models import Project
-    from traces import ch_migrate
-    from traces.store import get_store, reset_store
-
-    from .seed import seed_spans
-
-    store = get_store()
-    ch_migrate.apply(store, log=lambda *_: None)
-    end = dt.datetime.now(dt.timezone.utc) - dt.timedelta(minutes=5)
     started = time.perf_counter()
-    seed_spans(store, Project.objects.get(name=project_name).id, traces=traces, start=end - dt.timedelta(days=1),
-               end=end)
-    store.command(f"OPTIMIZE TABLE {store.table('spans')}")  # merged, as a store ingesting for a while is
+    with platform_store(data_dir, project_name) as (store, project_id):
+        end = dt.datetime.now(dt.timezone.utc) - dt.timedelta(minutes=5)
+        seed_spans(store, project_id, traces=traces, start=end - dt.timedelta(days=1), end=end)
+        store.command(f"OPTIMIZE TABLE {store.table('spans')}")  # merged, as a store ingesting for a while is
     print(f"preloaded {traces} traces ({3 * traces} spans) in {time.perf_counter() - started:.1f}s", file=sys.stderr)
-    reset_store()
 
 
 def _thread_cpu(pid: int) -> dict[int, tuple[str, float]]:

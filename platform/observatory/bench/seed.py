@@ -9,7 +9,9 @@ are built from them exactly as from ingested rows.
 """
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
+import os
 import time
 
 _INSERT = (
@@ -32,6 +34,27 @@ _INSERT = (
     "      sipHash64(number, 5) % 20000 / 100 AS q, p / 40 AS pre, c * (8 + sipHash64(number, 6) % 2000 / 100) AS dec "
     "      FROM numbers({{rows:UInt64}}))"
 )
+
+
+@contextlib.contextmanager
+def platform_store(data_dir: str, project_name: str):
+    """`(store, project_id)` of a platform's data directory, opened in this process while the platform is
+    not running (chdb lets one process open it) and closed on leaving; the ClickHouse schema is migrated."""
+    os.environ["OBSERVATORY_DATA_DIR"] = data_dir
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "observatory.settings")
+    import django
+
+    django.setup()
+    from tenancy.models import Project
+    from traces import ch_migrate
+    from traces.store import get_store, reset_store
+
+    store = get_store()
+    try:
+        ch_migrate.apply(store, log=lambda *_: None)
+        yield store, Project.objects.get(name=project_name).id
+    finally:
+        reset_store()
 
 
 def seed_requests(store, project_id: int, *, rows: int, start: dt.datetime, end: dt.datetime,

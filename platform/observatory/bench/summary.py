@@ -11,43 +11,31 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import os
 import statistics
 import sys
 import time
 
 from .harness import PlatformProcess
+from .seed import platform_store, seed_requests
 
 
 def seed(data_dir: str, project_name: str, rows: int, days: int) -> None:
-    os.environ["OBSERVATORY_DATA_DIR"] = data_dir
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "observatory.settings")
-    import django
+    with platform_store(data_dir, project_name) as (store, project_id):
+        from traces import rollups
 
-    django.setup()
-    from tenancy.models import Project
-    from traces import ch_migrate, rollups
-    from traces.store import get_store, reset_store
-
-    from .seed import seed_requests
-
-    project_id = Project.objects.get(name=project_name).id
-    store = get_store()
-    ch_migrate.apply(store, log=lambda *_: None)
-    end = dt.datetime.now(dt.timezone.utc).replace(minute=0, second=0, microsecond=0)
-    started = time.perf_counter()
-    seed_requests(store, project_id, rows=rows, start=end - dt.timedelta(days=days), end=end)
-    seeded = time.perf_counter() - started
-    started = time.perf_counter()
-    built = 0
-    while True:
-        n = rollups.build_dirty_hours(store, project_id, settle_seconds=0)
-        built += n
-        if n == 0:
-            break
+        end = dt.datetime.now(dt.timezone.utc).replace(minute=0, second=0, microsecond=0)
+        started = time.perf_counter()
+        seed_requests(store, project_id, rows=rows, start=end - dt.timedelta(days=days), end=end)
+        seeded = time.perf_counter() - started
+        started = time.perf_counter()
+        built = 0
+        while True:
+            n = rollups.build_dirty_hours(store, project_id, settle_seconds=0)
+            built += n
+            if n == 0:
+                break
     print(f"seeded {rows} rows in {seeded:.1f}s; built {built} hourly rollups in {time.perf_counter() - started:.1f}s",
           file=sys.stderr)
-    reset_store()
 
 
 def main(argv=None) -> None:
