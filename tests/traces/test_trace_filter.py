@@ -100,8 +100,9 @@ def test_the_loader_hash_computed_by_clickhouse_is_the_one_computed_in_python(ma
     ch_migrate.apply(store, log=lambda *_: None)
     ids = trace_ids(500) + ["0" * 16 + "00000000000000ff", "f" * 32]
     store.tenant_command(
-        f"INSERT INTO {store.table('spans')} (project_id, trace_id, span_id, start_time, end_time) "
-        "SELECT {project_id:UInt32}, arrayJoin({ids:Array(String)}), 'aaaaaaaaaaaaaaaa', now64(9), now64(9)",
+        # retention_days set: left at 0, the table's TTL may drop the rows before they are read back
+        f"INSERT INTO {store.table('spans')} (project_id, trace_id, span_id, start_time, end_time, retention_days) "
+        "SELECT {project_id:UInt32}, arrayJoin({ids:Array(String)}), 'aaaaaaaaaaaaaaaa', now64(9), now64(9), 30",
         project_id=PROJECT, parameters={"ids": ids},
     )
     from_store = store.query_uint64(
