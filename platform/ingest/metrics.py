@@ -6,6 +6,12 @@ SPANS_ACCEPTED = Counter("observatory_spans_accepted", "Spans accepted (durable 
 SPANS_REJECTED = Counter("observatory_spans_rejected", "Spans rejected, by reason", ["protocol", "reason"])
 ATTRIBUTES_TRUNCATED = Counter("observatory_attributes_truncated", "Attributes truncated or dropped by ingest limits")
 EXPORT_REQUESTS = Counter("observatory_export_requests", "OTLP export requests by outcome", ["protocol", "status"])
+DECODED_PAYLOADS = Counter(
+    "observatory_ingest_decoded_payloads",
+    "OTLP/protobuf payloads by decoder: c (the fast path, ingest/_otlp_fast.c) or python (unusual, rejected or "
+    "trimmed content, or the fast path not built or turned off)",
+    ["decoder"],
+)
 SPOOL_PENDING_BYTES = Gauge("observatory_spool_pending_bytes", "Bytes in the spool not yet written to ClickHouse")
 SPOOL_DEADLETTER = Counter("observatory_spool_deadletter_records", "Spool records ClickHouse refused, kept in deadletter/")
 INSERT_SECONDS = Histogram(

@@ -15,6 +15,7 @@ import time
 from collections import Counter
 from typing import Any
 
+import orjson
 from google.protobuf.message import DecodeError
 
 from collectors.base import SpanEvent, SpanView
@@ -31,6 +32,15 @@ from .otlp_raw import (
     parse_key_value,
     unpack_double,
 )
+
+try:
+    from . import _otlp_fast
+except ImportError:  # built without a C compiler: every payload takes the Python decoder
+    _otlp_fast = None
+else:
+    _otlp_fast.configure(SpanView, SpanEvent, orjson.dumps)
+
+FAST_DECODER_AVAILABLE = _otlp_fast is not None
 
 _ZERO_TRACE = "0" * 32
 _ZERO_SPAN = "0" * 16
@@ -65,6 +75,10 @@ class Decoded:
     dropped: list[int]
     rejected: Counter  # reason -> count
     truncated: int = 0  # attributes truncated or dropped by our limits
+    # Set by decode_protobuf_fast: the C batch (its span_rows() writes the spans' rows) and the
+    # resource dicts the spans share, in the payload's order.
+    fast: Any = None
+    resources: list | None = None
 
     @property
     def rejected_count(self) -> int:
@@ -364,6 +378,26 @@ def decode_protobuf(data: bytes, limits: Limits, now_ns: int | None = None) -> D
             _pb_spans(scope_spans.spans, resource, scope.name, scope.version, ctx)
     out.truncated = trimmer.dropped
     return out
+
+
+def decode_protobuf_fast(data: bytes, limits: Limits, now_ns: int | None = None) -> Decoded | None:
+    """decode_protobuf's result computed by the C fast path (ingest/_otlp_fast.c), or None when the
+    payload is not one the fast path handles (anything malformed, rejected, trimmed or unusual; see
+    the C file) or the extension is not built: the caller then uses decode_protobuf.
+
+    The parse itself runs without the GIL; what holds it is building the SpanViews."""
+    if _otlp_fast is None:
+        return None
+    now_ns = now_ns or time.time_ns()
+    parsed = _otlp_fast.parse(
+        data, limits.max_attributes, limits.max_value_bytes, limits.max_events,
+        max(now_ns - limits.max_age_s * 1_000_000_000, 1), now_ns + limits.max_future_s * 1_000_000_000,
+        limits.max_duration_s * 1_000_000_000,
+    )
+    if parsed is None:
+        return None
+    batch, spans, dropped, resources = parsed
+    return Decoded(spans, dropped, Counter(), fast=batch, resources=resources)
 
 
 def _read_varint(data: bytes, pos: int) -> tuple[int, int]:

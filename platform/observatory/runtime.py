@@ -54,6 +54,7 @@ class PlatformRuntime:
             max_body_bytes=ingest["MAX_BODY_BYTES"],
             max_decompressed_bytes=ingest["MAX_DECOMPRESSED_BYTES"],
             retry_after=ingest["RETRY_AFTER_SECONDS"],
+            fast_decoder=ingest["FAST_DECODER"],
         )
         self.schema = ch_migrate.SchemaGate(self.store, log=log.info)
         self.builder = RequestBuilder(

@@ -150,6 +150,8 @@ INGEST = {
     "MAX_SPAN_AGE_SECONDS": envint("INGEST_MAX_SPAN_AGE_SECONDS", 7 * 24 * 3600),
     "MAX_SPAN_FUTURE_SECONDS": envint("INGEST_MAX_SPAN_FUTURE_SECONDS", 3600),
     "MAX_SPAN_DURATION_SECONDS": envint("INGEST_MAX_SPAN_DURATION_SECONDS", 24 * 3600),
+    # The C fast path of protobuf decoding (ingest/_otlp_fast.c), when it is built; false: Python only.
+    "FAST_DECODER": envbool("INGEST_FAST_DECODER", True),
     "SPOOL_DIR": env("INGEST_SPOOL_DIR", str(DATA_DIR / "spool")),
     "SPOOL_MAX_BYTES": envint("INGEST_SPOOL_MAX_BYTES", 2 * 1024 * 1024 * 1024),
     "SPOOL_SEGMENT_BYTES": envint("INGEST_SPOOL_SEGMENT_BYTES", 64 * 1024 * 1024),
