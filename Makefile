@@ -6,7 +6,7 @@ VENV ?= .venv
 PYTEST_ARGS ?=
 
 VENV_PYTHON := $(VENV)/bin/python
-# Reinstall only when the dependencies change; the code itself is installed editable.
+# Reinstall only when the dependencies (or the C extension's source) change; the code itself is installed editable.
 INSTALLED := $(VENV)/.installed
 
 # The addresses `runplatform` binds (settings.py reads the same variables).
@@ -36,7 +36,8 @@ $(VENV_PYTHON):
 	$(VENV_PYTHON) -m pip install --upgrade pip
 
 # Order-only on the interpreter: recreating nothing when only its timestamp moves.
-$(INSTALLED): pyproject.toml | $(VENV_PYTHON)
+# The C fast path of ingest is built by the install too: rebuild it when its source changes.
+$(INSTALLED): pyproject.toml platform/ingest/_otlp_fast.c | $(VENV_PYTHON)
 	$(VENV_PYTHON) -m pip install -e '.[dev]'
 	@touch $@
 

@@ -28,6 +28,9 @@ def readyz(request):
         # "off" (every trace looked up), "loading" (traces written before the start being read back:
         # looked up meanwhile) or "ready" (traces new to the store need no lookup): traces/trace_filter.py
         "trace_filter": runtime.builder.filter_state() if runtime else None,
+        # "c": protobuf payloads take the C fast path when they can (ingest/_otlp_fast.c); "python": it is
+        # not built (no C compiler at install) or INGEST_FAST_DECODER turned it off.
+        "protobuf_decoder": runtime.service.protobuf_decoder if runtime else None,
     }
     return JsonResponse(body, status=200 if runtime is not None else 503)
 

@@ -659,6 +659,7 @@ def test_size_limits_over_http_and_grpc(fresh_platform_factory):
 def test_zz_platform_still_serves_after_bad_input(live_platform):
     status, ready = live_platform.process.get("/readyz")
     assert status == 200 and ready["ingest"] and ready["clickhouse"]
+    assert ready["protobuf_decoder"] == "c"  # the C fast path is built and on; bad payloads went to Python's
     body, http_trace = good_request()
     assert post_traces(live_platform, body, key=live_platform.keys["alpha"])[0] == 200
     body, grpc_trace = good_request()

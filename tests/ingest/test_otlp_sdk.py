@@ -221,6 +221,8 @@ def test_client_gateway_vllm_chain_is_decomposed_exactly(live_platform, transpor
     model = f"meta-llama/Llama-3.1-8B-Instruct-{tag}"
     protocol = "http" if transport.startswith("http") else "grpc"
     accepted_before = metric_total(live_platform, "observatory_spans_accepted_total", protocol=protocol)
+    decoded_before = {decoder: metric_total(live_platform, "observatory_ingest_decoded_payloads_total", decoder=decoder)
+                      for decoder in ("c", "python")}
 
     fleet = Fleet(live_platform, transport, live_platform.keys["alpha"], services(tag))
     try:
@@ -268,6 +270,10 @@ def test_client_gateway_vllm_chain_is_decomposed_exactly(live_platform, transpor
 
     accepted = metric_total(live_platform, "observatory_spans_accepted_total", protocol=protocol)
     assert accepted - accepted_before == 3
+    # What the real SDK exporters send takes the C fast path of decoding (ingest/_otlp_fast.c), none of it Python's.
+    decoded = {decoder: metric_total(live_platform, "observatory_ingest_decoded_payloads_total", decoder=decoder)
+               for decoder in ("c", "python")}
+    assert decoded["c"] > decoded_before["c"] and decoded["python"] == decoded_before["python"], (decoded_before, decoded)
 
 
 def test_agent_trace_with_two_llm_calls_gives_two_requests(live_platform):
