@@ -5,9 +5,9 @@
  * for anything unusual. This module takes the common case, a well-formed request whose every
  * span is valid, and does the per-span work that held the GIL in Python:
  *
- *   parse()      reads the wire format and checks every span (GIL released), then builds
- *                the SpanView objects the normalisers read (GIL held, no Python code but the
- *                dataclass constructors);
+ *   parse()      reads the wire format and checks every span (GIL released);
+ *   views()      builds the SpanView objects the normalisers read (GIL held, no Python code but
+ *                the dataclass constructors);
  *   span_rows()  writes the spans' JSONCompactEachRow rows (GIL released), byte for byte what
  *                ingest.rows.span_row + encode_rows write for the same spans.
  *
@@ -736,6 +736,8 @@ static int parse_request(Batch *b, const uint8_t *p, const uint8_t *end, const W
     return 1;
 }
 
+static PyTypeObject BatchType;
+
 /* ---------------------------------------------------------------------------------------------- */
 /* Python objects (GIL held) */
 
@@ -957,20 +959,14 @@ done:
     return out;
 }
 
-static PyTypeObject BatchType;
-
 /* parse(data, max_attributes, max_value_bytes, max_events, earliest_ns, latest_ns, max_duration_ns)
- *   -> (batch, spans, dropped, resources) | None */
+ *   -> Batch | None. Reads and checks the whole request without the GIL; no Python object is made. */
 static PyObject *fast_parse(PyObject *module, PyObject *args) {
     PyObject *data;
     unsigned long long max_attributes, max_value_bytes, max_events, earliest, latest, max_duration;
     if (!PyArg_ParseTuple(args, "OKKKKKK", &data, &max_attributes, &max_value_bytes, &max_events, &earliest,
                           &latest, &max_duration))
         return NULL;
-    if (!SpanViewType) {
-        PyErr_SetString(PyExc_RuntimeError, "configure() first");
-        return NULL;
-    }
     Batch *b = PyObject_New(Batch, &BatchType);
     if (!b) return NULL;
     memset((char *)b + sizeof(PyObject), 0, sizeof(Batch) - sizeof(PyObject));
@@ -993,16 +989,16 @@ static PyObject *fast_parse(PyObject *module, PyObject *args) {
         Py_DECREF(b);
         Py_RETURN_NONE;
     }
-    PyObject *views = build_views(b);
-    if (!views) {
-        Py_DECREF(b);
+    return (PyObject *)b;
+}
+
+/* batch.views() -> (spans, dropped, resources) */
+static PyObject *Batch_views(Batch *self, PyObject *unused) {
+    if (!SpanViewType) {
+        PyErr_SetString(PyExc_RuntimeError, "configure() first");
         return NULL;
     }
-    PyObject *out = PyTuple_Pack(4, (PyObject *)b, PyTuple_GET_ITEM(views, 0), PyTuple_GET_ITEM(views, 1),
-                                 PyTuple_GET_ITEM(views, 2));
-    Py_DECREF(views);
-    Py_DECREF(b);
-    return out;
+    return build_views(self);
 }
 
 /* ---------------------------------------------------------------------------------------------- */
@@ -1350,6 +1346,8 @@ static PyObject *Batch_len(Batch *self, PyObject *unused) {
 }
 
 static PyMethodDef Batch_methods[] = {
+    {"views", (PyCFunction)Batch_views, METH_NOARGS,
+     "views() -> (spans, dropped, resources): the SpanViews, their dropped-attribute counts, the resource dicts"},
     {"span_rows", (PyCFunction)Batch_span_rows, METH_VARARGS,
      "span_rows(project_id, retention_days, conventions, rids) -> bytes: the spans' JSONCompactEachRow rows"},
     {"span_count", (PyCFunction)Batch_len, METH_NOARGS, "number of spans"},
@@ -1366,7 +1364,7 @@ static PyTypeObject BatchType = {
     .tp_methods = Batch_methods,
 };
 
-/* configure(SpanView, SpanEvent, dumps): the classes parse() builds, and orjson.dumps. */
+/* configure(SpanView, SpanEvent, dumps): the classes views() builds, and orjson.dumps. */
 static PyObject *fast_configure(PyObject *module, PyObject *args) {
     PyObject *view, *event, *dumps;
     if (!PyArg_ParseTuple(args, "OOO", &view, &event, &dumps)) return NULL;
@@ -1387,7 +1385,7 @@ static PyObject *fast_clear_cache(PyObject *module, PyObject *unused) {
 static PyMethodDef module_methods[] = {
     {"parse", fast_parse, METH_VARARGS,
      "parse(data, max_attributes, max_value_bytes, max_events, earliest_ns, latest_ns, max_duration_ns)"
-     " -> (batch, spans, dropped, resources), or None when the payload is not one this module handles"},
+     " -> Batch, or None when the payload is not one this module handles"},
     {"configure", fast_configure, METH_VARARGS, "configure(SpanView, SpanEvent, orjson.dumps)"},
     {"clear_cache", fast_clear_cache, METH_NOARGS, "forget the cached short strings"},
     {NULL, NULL, 0, NULL},

@@ -380,24 +380,32 @@ def decode_protobuf(data: bytes, limits: Limits, now_ns: int | None = None) -> D
     return out
 
 
-def decode_protobuf_fast(data: bytes, limits: Limits, now_ns: int | None = None) -> Decoded | None:
-    """decode_protobuf's result computed by the C fast path (ingest/_otlp_fast.c), or None when the
-    payload is not one the fast path handles (anything malformed, rejected, trimmed or unusual; see
-    the C file) or the extension is not built: the caller then uses decode_protobuf.
-
-    The parse itself runs without the GIL; what holds it is building the SpanViews."""
+def parse_protobuf_fast(data: bytes, limits: Limits, now_ns: int | None = None):
+    """The C fast path's parse of a request (ingest/_otlp_fast.c), made without the GIL and without
+    any Python object, or None when the payload is not one the fast path handles (anything
+    malformed, rejected, trimmed or unusual; see the C file) or the extension is not built: the
+    caller then uses decode_protobuf. `fast_decoded` turns it into a Decoded."""
     if _otlp_fast is None:
         return None
     now_ns = now_ns or time.time_ns()
-    parsed = _otlp_fast.parse(
+    return _otlp_fast.parse(
         data, limits.max_attributes, limits.max_value_bytes, limits.max_events,
         max(now_ns - limits.max_age_s * 1_000_000_000, 1), now_ns + limits.max_future_s * 1_000_000_000,
         limits.max_duration_s * 1_000_000_000,
     )
-    if parsed is None:
-        return None
-    batch, spans, dropped, resources = parsed
+
+
+def fast_decoded(batch) -> Decoded:
+    """decode_protobuf's result for a request parse_protobuf_fast took: the same SpanViews, plus the
+    batch (whose span_rows() writes the spans' rows) and the resource dicts the spans share."""
+    spans, dropped, resources = batch.views()
     return Decoded(spans, dropped, Counter(), fast=batch, resources=resources)
+
+
+def decode_protobuf_fast(data: bytes, limits: Limits, now_ns: int | None = None) -> Decoded | None:
+    """decode_protobuf's result computed by the C fast path, or None (see parse_protobuf_fast)."""
+    batch = parse_protobuf_fast(data, limits, now_ns)
+    return None if batch is None else fast_decoded(batch)
 
 
 def _read_varint(data: bytes, pos: int) -> tuple[int, int]:

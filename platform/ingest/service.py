@@ -21,7 +21,15 @@ from collectors.registry import normalise_span
 
 from . import metrics
 from .limits import MalformedPayload, PayloadTooLarge, UnsupportedEncoding, decompress
-from .otlp import FAST_DECODER_AVAILABLE, Decoded, Limits, decode_json, decode_protobuf, decode_protobuf_fast
+from .otlp import (
+    FAST_DECODER_AVAILABLE,
+    Decoded,
+    Limits,
+    decode_json,
+    decode_protobuf,
+    fast_decoded,
+    parse_protobuf_fast,
+)
 from .rows import NS_PER_DAY, RECORD_FORMAT, call_row, encode_rows, resource_id, resource_row, span_row
 from .spool import Spool, SpoolFull
 
@@ -120,14 +128,16 @@ class IngestService:
             return ExportOutcome(415, message="Content-Type must be application/x-protobuf or application/json")
         try:
             payload = decompress(body, content_encoding, self.max_decompressed_bytes)
+            protobuf = media_type not in JSON_TYPES
+            # The C parse holds no GIL and makes no Python object: outside the lock, it overlaps another
+            # export's Python work.
+            fast = parse_protobuf_fast(payload, self.limits) if protobuf and self.fast_decoder else None
             with self._cpu:
-                if media_type in JSON_TYPES:
+                if not protobuf:
                     decoded = decode_json(payload, self.limits)
                 else:
-                    decoded = decode_protobuf_fast(payload, self.limits) if self.fast_decoder else None
-                    metrics.DECODED_PAYLOADS.labels("python" if decoded is None else "c").inc()
-                    if decoded is None:
-                        decoded = decode_protobuf(payload, self.limits)
+                    metrics.DECODED_PAYLOADS.labels("python" if fast is None else "c").inc()
+                    decoded = decode_protobuf(payload, self.limits) if fast is None else fast_decoded(fast)
                 record, memo = build_record(identity, decoded) if decoded.spans else (None, None)
         except PayloadTooLarge as exc:
             return ExportOutcome(413, message=str(exc))
