@@ -114,6 +114,7 @@ def main(argv=None) -> None:
             if durable is None and ready.get("spool_pending_bytes") == 0:
                 durable = time.perf_counter() - started
             if durable is not None and ready.get("decomposition_pending") == 0:
+                decomposed = time.perf_counter() - started
                 break
             time.sleep(0.02)
         while True:
@@ -138,6 +139,7 @@ def main(argv=None) -> None:
         print(f"BENCH ingest_preloaded_spans={3 * args.preload_traces} spans")
     print(f"BENCH ingest_ack_spans_per_s={spans_total / acked:.0f} spans/s")
     print(f"BENCH ingest_durable_spans_per_s={spans_total / durable:.0f} spans/s")
+    print(f"BENCH ingest_decomposed_spans_per_s={spans_total / decomposed:.0f} spans/s")
     print(f"BENCH ingest_spans_per_s={e2e_rate:.0f} spans/s")
     print(f"BENCH ingest_parse_spans_per_s={parse_rate:.0f} spans/s")
     print(f"BENCH ingest_ratio={e2e_rate / parse_rate:.2f} ratio")
