@@ -167,9 +167,15 @@ def build_record(identity: IngestIdentity, decoded: Decoded) -> tuple[tuple, tup
     span_rows = []
     call_rows = []
     calls = []
-    edges = []
+    # (trace ids, span ids, parent span ids), one item per span: three lists rather than a tuple per span,
+    # which the cyclic GC would examine while the memo waits in the spool and the decomposition's queue.
+    edge_traces: list[str] = []
+    edge_spans: list[str] = []
+    edge_parents: list[str] = []
     add_span_row = span_rows.append
-    add_edge = edges.append
+    add_trace = edge_traces.append
+    add_span = edge_spans.append
+    add_parent = edge_parents.append
     resource = service = rid = days = None
     resources: dict[int, tuple[dict, int, set]] = {}  # id(resource dict) -> (resource, resource_id, days)
     # The C fast path (ingest/_otlp_fast.c) writes the span rows itself from the conventions found here.
@@ -199,10 +205,12 @@ def build_record(identity: IngestIdentity, decoded: Decoded) -> tuple[tuple, tup
                 add_convention(call.convention)
             call_rows.append(call_row(project_id, retention, call))
             calls.append(call)
-        add_edge((span.trace_id, span.span_id, span.parent_span_id))
+        add_trace(span.trace_id)
+        add_span(span.span_id)
+        add_parent(span.parent_span_id)
     if decoded.truncated:
         metrics.ATTRIBUTES_TRUNCATED.inc(decoded.truncated)
-    trace_ids = sorted({edge[0] for edge in edges})
+    trace_ids = sorted(set(edge_traces))
     resource_rows = tuple(
         resource_row(project_id, rid, day, attributes, retention)
         for attributes, rid, days in resources.values() if rid
@@ -215,4 +223,4 @@ def build_record(identity: IngestIdentity, decoded: Decoded) -> tuple[tuple, tup
         spans_json = fast.span_rows(project_id, retention, conventions, rids)
     record = (project_id, trace_ids, spans_json, encode_rows(call_rows), len(decoded.spans), len(call_rows),
               resource_rows, RECORD_FORMAT)
-    return record, (calls, edges, retention)
+    return record, (calls, (edge_traces, edge_spans, edge_parents), retention)

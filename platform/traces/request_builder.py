@@ -118,14 +118,15 @@ class TraceMemory:
         self._traces: OrderedDict[tuple[int, str], _Trace] = OrderedDict()
         self._lock = threading.Lock()
 
-    def add(self, project_id: int, retention_days: int, calls: list[LLMCall], edges: list[tuple[str, str, str]],
-            new_traces=frozenset()) -> None:
-        """Remember these spans; `new_traces` are the trace ids the store held nothing of before them."""
+    def add(self, project_id: int, retention_days: int, calls: list[LLMCall],
+            edges: tuple[list[str], list[str], list[str]], new_traces=frozenset()) -> None:
+        """Remember these spans, given as (trace ids, span ids, parent span ids), one item per span;
+        `new_traces` are the trace ids the store held nothing of before them."""
         with self._lock:
             traces = self._traces
             # The spans of one trace come several per batch: look each trace up in the LRU once.
             batch: dict[str, _Trace] = {}
-            for trace_id, span_id, parent in edges:
+            for trace_id, span_id, parent in zip(*edges):
                 entry = batch.get(trace_id)
                 if entry is None:
                     key = (project_id, trace_id)
