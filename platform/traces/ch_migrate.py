@@ -64,7 +64,8 @@ def discover(package: str = PACKAGE) -> list[Migration]:
 
 
 def context_for(store: ClickHouseStore) -> RenderContext:
-    return RenderContext(database=store.database, cluster=store.cluster)
+    settings = frozenset(row[0] for row in store.system_query("SELECT name FROM system.merge_tree_settings"))
+    return RenderContext(database=store.database, cluster=store.cluster, merge_tree_settings=settings)
 
 
 def applied_names(store: ClickHouseStore, create: bool = True) -> set[str]:

@@ -10,6 +10,12 @@ from .store import identifier
 class RenderContext:
     database: str
     cluster: str = ""  # a name from the server's remote_servers; '' for one server or chdb
+    # The MergeTree settings the server knows (system.merge_tree_settings), for migrations that tune a
+    # setting older servers lack; None when rendered without asking a server (every statement rendered).
+    merge_tree_settings: frozenset[str] | None = None
+
+    def knows_setting(self, name: str) -> bool:
+        return self.merge_tree_settings is None or name in self.merge_tree_settings
 
     @property
     def on_cluster(self) -> str:

@@ -456,3 +456,29 @@ def test_tenant_query_sees_only_its_project(make_store):
     assert store.query_json(sql, project_id=2) == [["t2"], ["t3"]]
     # The caller cannot override the project through parameters.
     assert store.query(sql, project_id=1, parameters={"project_id": 2}) == [("t1",)]
+
+
+MERGE_SELECTOR = importlib.import_module("traces.ch_migrations.0008_merge_selector_base")
+
+
+def test_the_span_tables_merge_twenty_parts_at_a_time_where_the_server_knows_the_setting(make_store):
+    store = make_store()
+    ch_migrate.apply(store, log=lambda *_: None)
+    ctx = ch_migrate.context_for(store)
+    assert ctx.knows_setting("merge_selector_base") and "merge_selector_base" in ctx.merge_tree_settings
+    engines = dict(store.system_query(
+        "SELECT name, engine_full FROM system.tables WHERE database = {db:String}", parameters={"db": store.database}))
+    for table in ("spans", "llm_calls"):
+        assert "merge_selector_base = 20" in engines[table], engines[table]
+    assert "merge_selector_base" not in engines["llm_requests"]
+
+
+def test_a_server_without_the_setting_gets_no_statement_and_plans_render_it():
+    older = RenderContext(database="observatory", merge_tree_settings=frozenset({"index_granularity"}))
+    assert MERGE_SELECTOR.forwards(older) == [] and MERGE_SELECTOR.backwards(older) == []
+    assert MERGE_SELECTOR.forwards(SINGLE) == [
+        "ALTER TABLE `observatory`.`spans` MODIFY SETTING merge_selector_base = 20",
+        "ALTER TABLE `observatory`.`llm_calls` MODIFY SETTING merge_selector_base = 20",
+    ]
+    assert all("`spans_local` ON CLUSTER `prod`" in s or "`llm_calls_local` ON CLUSTER `prod`" in s
+               for s in MERGE_SELECTOR.forwards(CLUSTER))
