@@ -100,7 +100,7 @@ class IngestService:
         self.fast_decoder = fast_decoder and FAST_DECODER_AVAILABLE
         if fast_decoder and not FAST_DECODER_AVAILABLE:
             log.warning("the C fast path of protobuf decoding is not built (no C compiler at install?): "
-                        "ingest decodes in Python, at about half the throughput")
+                        "ingest decodes in Python, at about 70% of the throughput")
         # Decoding and encoding are mostly CPU work holding the GIL: run one export at a time through them.
         # Threads waiting on this lock sleep; threads contending for the GIL instead force a switch
         # every 5 ms and lose ~30% of the throughput to the hand-offs between cores.
