@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import signal
 import socket
+import subprocess
+import sys
 import time
 import urllib.parse
 
+import pytest
 from observatory.bench.harness import PlatformProcess, free_port
 
 
@@ -72,7 +75,11 @@ def test_make_up_runs_the_fleet_with_load_and_stops_it_on_sigterm(tmp_path):
         process.proc.send_signal(signal.SIGTERM)
         time.sleep(0.3)
         process.proc.send_signal(signal.SIGTERM)  # during the shutdown: ignored, the drain goes on
-        assert process.proc.wait(120) == 0, process.log_tail()
+        try:
+            code = process.proc.wait(120)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the platform did not exit within 120 s of SIGTERM:\n{process.log_tail(8000)}")
+        assert code == 0, process.log_tail()
         log = process.log_tail(20_000)
         assert "already shutting down" in log and "engine fleet 'embedded': stopped" in log, log
         deadline = time.monotonic() + 10
@@ -82,7 +89,5 @@ def test_make_up_runs_the_fleet_with_load_and_stops_it_on_sigterm(tmp_path):
     finally:
         process.stop()
         # whatever happened above, leave no fleet running
-        import subprocess
-        import sys
         subprocess.run([sys.executable, "-m", "engine", "down"], env={**process.env,
                        "ENGINE_RUN_DIR": str(tmp_path / "data" / "engine")}, capture_output=True, timeout=120)
