@@ -46,8 +46,13 @@ def tune_gc() -> None:
         gc.set_threshold(100_000, 50, 20)
 
 
-class _Shutdown(Exception):
-    """Raised in the main thread by the signal handler to leave waitress's loop."""
+class _Shutdown(SystemExit):
+    """Raised in the main thread by the signal handler to leave waitress's loop.
+
+    A SystemExit: the signal can land anywhere in waitress's main-thread loop, whose handlers catch
+    every exception but ExitNow, KeyboardInterrupt and SystemExit (wasyncore). Derived from Exception,
+    it was once raised inside a channel's read handler, taken for that channel's error, and the loop
+    went on serving: the platform never shut down."""
 
 
 class PlatformServer:
