@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import struct
 import time
 import urllib.error
 import urllib.request
@@ -258,3 +259,29 @@ def grpc_export_raw(target: str, body: bytes, metadata=None, timeout: float = 30
 
 def grpc_auth(key: str) -> tuple:
     return (("authorization", f"Bearer {key}"),)
+
+
+# -- protobuf wire encoding by hand (for layouts the generated classes never write) -----------------
+
+
+def varint(n: int) -> bytes:
+    n &= (1 << 64) - 1  # negative int32/int64 values are encoded as 10-byte two's complement
+    out = bytearray()
+    while True:
+        byte, n = n & 0x7F, n >> 7
+        out.append(byte | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def tag(field: int, wire: int) -> bytes:
+    return varint(field << 3 | wire)
+
+
+def ld(field: int, payload: bytes) -> bytes:
+    """A length-delimited field."""
+    return tag(field, 2) + varint(len(payload)) + payload
+
+
+def fixed64(field: int, value: int) -> bytes:
+    return tag(field, 1) + struct.pack("<Q", value)

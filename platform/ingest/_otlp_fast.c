@@ -1193,13 +1193,8 @@ static int double_texts(Batch *b, PyObject **encoded) {
     return 1;
 }
 
-typedef struct {
-    const char *p;
-    Py_ssize_t n;
-} Text;
-
-static void write_rows(Buf *o, const Batch *b, int64_t project_id, int64_t retention, const Text *conventions,
-                       const uint64_t *rids, const Text *services, const char *texts) {
+static void write_rows(Buf *o, const Batch *b, int64_t project_id, int64_t retention, const Str *conventions,
+                       const uint64_t *rids, const Str *services, const char *texts) {
     char head[48];
     int head_n = snprintf(head, sizeof head, "[%lld,", (long long)project_id);
     for (uint32_t i = 0; i < b->spans.n && !o->failed; i++) {
@@ -1275,14 +1270,14 @@ static void write_rows(Buf *o, const Batch *b, int64_t project_id, int64_t reten
 }
 
 /* The span's service: its resource's string "service.name" when not empty, else "unknown_service". */
-static Text service_of(const Batch *b, uint32_t r) {
+static Str service_of(const Batch *b, uint32_t r) {
     const ResourceRec *rec = &b->resources.items[r];
     for (uint32_t i = 0; i < rec->attr_count; i++) {
         const Attr *a = &b->attrs.items[rec->attr_first + i];
         if (a->key.n == 12 && memcmp(a->key.p, "service.name", 12) == 0 && a->type == V_STR && a->s.n > 0)
-            return (Text){a->s.p, a->s.n};
+            return (Str){a->s.p, a->s.n};
     }
-    return (Text){"unknown_service", 15};
+    return (Str){"unknown_service", 15};
 }
 
 /* batch.span_rows(project_id, retention_days, conventions, rids) -> bytes
@@ -1300,8 +1295,8 @@ static PyObject *Batch_span_rows(Batch *self, PyObject *args) {
     PyObject *result = NULL;
     Buf out = {0};
     PyObject *encoded = NULL;
-    Text *conv = PyMem_RawMalloc(sizeof(Text) * (n ? n : 1));
-    Text *services = PyMem_RawMalloc(sizeof(Text) * (nr ? nr : 1));
+    Str *conv = PyMem_RawMalloc(sizeof(Str) * (n ? n : 1));
+    Str *services = PyMem_RawMalloc(sizeof(Str) * (nr ? nr : 1));
     uint64_t *rid = PyMem_RawMalloc(sizeof(uint64_t) * (nr ? nr : 1));
     if (!conv || !services || !rid) {
         PyErr_NoMemory();
@@ -1341,16 +1336,11 @@ done:
     return result;
 }
 
-static PyObject *Batch_len(Batch *self, PyObject *unused) {
-    return PyLong_FromUnsignedLong(self->spans.n);
-}
-
 static PyMethodDef Batch_methods[] = {
     {"views", (PyCFunction)Batch_views, METH_NOARGS,
      "views() -> (spans, dropped, resources): the SpanViews, their dropped-attribute counts, the resource dicts"},
     {"span_rows", (PyCFunction)Batch_span_rows, METH_VARARGS,
      "span_rows(project_id, retention_days, conventions, rids) -> bytes: the spans' JSONCompactEachRow rows"},
-    {"span_count", (PyCFunction)Batch_len, METH_NOARGS, "number of spans"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1377,17 +1367,11 @@ static PyObject *fast_configure(PyObject *module, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-static PyObject *fast_clear_cache(PyObject *module, PyObject *unused) {
-    cache_clear();
-    Py_RETURN_NONE;
-}
-
 static PyMethodDef module_methods[] = {
     {"parse", fast_parse, METH_VARARGS,
      "parse(data, max_attributes, max_value_bytes, max_events, earliest_ns, latest_ns, max_duration_ns)"
      " -> Batch, or None when the payload is not one this module handles"},
     {"configure", fast_configure, METH_VARARGS, "configure(SpanView, SpanEvent, orjson.dumps)"},
-    {"clear_cache", fast_clear_cache, METH_NOARGS, "forget the cached short strings"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -193,16 +193,12 @@ def build_record(identity: IngestIdentity, decoded: Decoded) -> tuple[tuple, tup
             days = entry[2]
         days.add(span.start_ns // NS_PER_DAY)
         call = normalise_span(span)
-        if call is None:
-            if fast is None:
-                add_span_row(span_row(project_id, retention, span, dropped, "", service, rid))
-            else:
-                add_convention("")
+        convention = "" if call is None else call.convention
+        if fast is None:
+            add_span_row(span_row(project_id, retention, span, dropped, convention, service, rid))
         else:
-            if fast is None:
-                add_span_row(span_row(project_id, retention, span, dropped, call.convention, service, rid))
-            else:
-                add_convention(call.convention)
+            add_convention(convention)
+        if call is not None:
             call_rows.append(call_row(project_id, retention, call))
             calls.append(call)
         add_trace(span.trace_id)
@@ -219,7 +215,7 @@ def build_record(identity: IngestIdentity, decoded: Decoded) -> tuple[tuple, tup
     if fast is None:
         spans_json = encode_rows(span_rows)
     else:
-        rids = [resources[id(r)][1] if id(r) in resources else 0 for r in decoded.resources]
+        rids = [resources.get(id(r), (None, 0))[1] for r in decoded.resources]  # 0: a resource without spans
         spans_json = fast.span_rows(project_id, retention, conventions, rids)
     record = (project_id, trace_ids, spans_json, encode_rows(call_rows), len(decoded.spans), len(call_rows),
               resource_rows, RECORD_FORMAT)

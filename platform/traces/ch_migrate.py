@@ -71,7 +71,8 @@ def context_for(store: ClickHouseStore) -> RenderContext:
 def applied_names(store: ClickHouseStore, create: bool = True) -> set[str]:
     """Names of the applied migrations. With create=False nothing is created (--plan, --check): a store
     without the bookkeeping table has applied nothing."""
-    ctx = context_for(store)
+    # The bookkeeping table needs no server capability: no need to ask for the server's settings.
+    ctx = RenderContext(database=store.database, cluster=store.cluster)
     if create:
         for statement in STATE_TABLE.create_statements(ctx):
             store.command(statement)

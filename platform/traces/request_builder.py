@@ -312,7 +312,7 @@ class RequestBuilder(threading.Thread):
         self.interval = interval
         self.state_path = Path(state_dir) / "decomposed_until"
         self._dirty: dict[int, set[str]] = defaultdict(set)
-        self._written: list[list[tuple[tuple, tuple | None]]] = []  # mark_written's, for _take_written
+        self._written: list[list[tuple[tuple, tuple | None]]] = []  # mark_written's, for _remember
         self.memory = TraceMemory()
         self.filter = TraceFilter(trace_window) if trace_window > 0 else None
         self.max_span_age = max_span_age

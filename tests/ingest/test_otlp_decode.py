@@ -21,6 +21,7 @@ from observatory.bench.payloads import chain_batch
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
+from otlp_payloads import fixed64, ld, varint
 
 NOW = time.time_ns()
 
@@ -166,23 +167,6 @@ def test_the_benchmark_payloads_decode_like_the_generated_classes():
 
 
 # -- hand-encoded KeyValue/AnyValue shapes that are valid protobuf but not the usual layout ----------
-
-
-def varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte, n = n & 0x7F, n >> 7
-        out.append(byte | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
-
-
-def ld(field: int, payload: bytes) -> bytes:
-    return varint(field << 3 | 2) + varint(len(payload)) + payload
-
-
-def fixed64(field: int, value: int) -> bytes:
-    return varint(field << 3 | 1) + struct.pack("<Q", value)
 
 
 def span_bytes(key_values=(), event_key_values=()) -> bytes:

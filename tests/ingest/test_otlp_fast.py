@@ -27,6 +27,7 @@ from ingest.service import build_record
 from observatory.bench.payloads import chain_batch
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
+from otlp_payloads import fixed64, ld, tag, varint
 from tenancy.keys import IngestIdentity
 
 from collectors.base import SpanEvent, SpanView
@@ -181,28 +182,6 @@ def check(data: bytes, limits: Limits = DEFAULT):
 
 
 # -- protobuf wire encoding by hand ------------------------------------------------------------------
-
-
-def varint(n: int) -> bytes:
-    n &= (1 << 64) - 1  # negative int32/int64 values are encoded as 10-byte two's complement
-    out = bytearray()
-    while True:
-        byte, n = n & 0x7F, n >> 7
-        out.append(byte | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
-
-
-def tag(field: int, wire: int) -> bytes:
-    return varint(field << 3 | wire)
-
-
-def ld(field: int, payload: bytes) -> bytes:
-    return tag(field, 2) + varint(len(payload)) + payload
-
-
-def fixed64(field: int, value: int) -> bytes:
-    return tag(field, 1) + struct.pack("<Q", value)
 
 
 def fixed32(field: int, value: int) -> bytes:
