@@ -34,3 +34,30 @@ DECOMPOSE_TRACE_SOURCES = Counter(
     ["source"],
 )
 TRACE_FILTER_BYTES = Gauge("observatory_trace_filter_bytes", "Memory held by the decomposition's filter of recent traces")
+
+# The backlog between arrival and queryable rows (docs: README "Overload and backpressure").
+DECOMPOSE_PENDING_TRACES = Gauge(
+    "observatory_decompose_pending_traces", "Traces stored and waiting to be decomposed (or being decomposed)")
+DECOMPOSE_PENDING_BYTES = Gauge(
+    "observatory_decompose_pending_bytes", "Spool bytes of the stored batches not yet completely decomposed")
+BACKLOG_OLDEST_SECONDS = Gauge(
+    "observatory_ingest_backlog_oldest_seconds",
+    "Age of the oldest accepted span not yet queryable (in the spool or waiting for decomposition); 0 when none",
+)
+QUERYABLE_LAG_SECONDS = Histogram(
+    "observatory_ingest_queryable_lag_seconds",
+    "From an export's arrival to its request rows being stored (queryable), per export",
+    buckets=(0.1, 0.25, 0.5, 1, 2, 3, 5, 10, 20, 30, 60, 120, 300, 600),
+)
+WRITER_BLOCKED_SECONDS = Counter(
+    "observatory_span_writer_blocked_seconds",
+    "Time the span writer waited for room in the decomposition backlog (the spool kept the data meanwhile)",
+)
+BACKPRESSURE_REFUSALS = Counter(
+    "observatory_ingest_backpressure_refusals",
+    "Exports refused with 503/UNAVAILABLE because the platform was behind, by reason "
+    "(spool_full, backlog_bytes, backlog_age, shutting_down)",
+    ["reason"],
+)
+BACKPRESSURE = Gauge(
+    "observatory_ingest_backpressure", "1 while ingest refuses exports because the backlog is beyond its bound")

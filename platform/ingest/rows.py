@@ -43,7 +43,13 @@ CALL_COLUMNS_BEFORE_REPLICA_GROUP = CALL_COLUMNS[:-1]
 
 # The spool keeps records of earlier versions until they are written (an upgrade with data in the spool);
 # a record's length says which columns its blobs hold (see ingest/service.py for the record's items).
-RECORD_FORMAT = 3  # the 8th item of a current record
+RECORD_FORMAT = 4  # the 8th item of a current record (4: a 9th item, the export's arrival time)
+
+
+def arrival_of(record: tuple) -> float | None:
+    """When the export of this record arrived (seconds since the epoch); None for records spooled before
+    format 4."""
+    return record[8] if len(record) > 8 else None
 
 
 def span_columns_of(record: tuple) -> tuple[str, ...]:

@@ -1,10 +1,13 @@
 """One OTLP export, whatever the transport: limits, decode, normalise, make durable, answer per the OTLP spec.
 
-A spool record is `(project_id, trace_ids, spans_json, calls_json, span_count, call_count, resources, format)`,
+A spool record is `(project_id, trace_ids, spans_json, calls_json, span_count, call_count, resources, format,
+arrival)`,
 the two blobs being JSONCompactEachRow rows ready for ClickHouse (see rows.py), `resources` a tuple of
-`span_resources` rows, one JSON row per (resource, day), and `format` rows.RECORD_FORMAT. Records spooled by
-earlier versions have six items (no resources: span rows carry theirs inline) or seven (call rows without
-replica_group); the writer still takes them (rows.span_columns_of / call_columns_of).
+`span_resources` rows, one JSON row per (resource, day), `format` rows.RECORD_FORMAT and `arrival` the time
+the export arrived (seconds since the epoch, for the backlog's age and the delay to queryable rows). Records
+spooled by earlier versions have six items (no resources: span rows carry theirs inline), seven (call rows
+without replica_group) or eight (no arrival); the writer still takes them (rows.span_columns_of /
+call_columns_of / arrival_of).
 """
 from __future__ import annotations
 
@@ -12,6 +15,7 @@ import dataclasses
 import json
 import logging
 import threading
+import time
 
 from google.rpc import status_pb2
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
@@ -90,8 +94,11 @@ class ExportOutcome:
 
 class IngestService:
     def __init__(self, spool: Spool, *, limits: Limits, max_body_bytes: int, max_decompressed_bytes: int,
-                 retry_after: int, fast_decoder: bool = True):
+                 retry_after: int, fast_decoder: bool = True, backpressure=None):
+        """`backpressure`: an ingest.backpressure.Backpressure saying when to refuse exports (without one,
+        only a full spool refuses them)."""
         self.spool = spool
+        self.backpressure = backpressure
         self.limits = limits
         self.max_body_bytes = max_body_bytes
         self.max_decompressed_bytes = max_decompressed_bytes
@@ -105,6 +112,16 @@ class IngestService:
         # Threads waiting on this lock sleep; threads contending for the GIL instead force a switch
         # every 5 ms and lose ~30% of the throughput to the hand-offs between cores.
         self._cpu = threading.Lock()
+
+    def _refusal(self) -> ExportOutcome | None:
+        if self.backpressure is not None:
+            reason = self.backpressure.refusal()
+        else:
+            reason = "spool_full" if self.spool.pending_bytes >= self.spool.max_bytes else None
+        if reason is None:
+            return None
+        metrics.BACKPRESSURE_REFUSALS.labels(reason).inc()
+        return ExportOutcome(503, message=_REFUSALS[reason], retry_after=self.retry_after)
 
     @property
     def protobuf_decoder(self) -> str:
@@ -121,8 +138,9 @@ class IngestService:
             return ExportOutcome(401, message="missing or invalid ingest key (Authorization: Bearer <key>)")
         if len(body) > self.max_body_bytes:
             return ExportOutcome(413, message=f"request body exceeds {self.max_body_bytes} bytes")
-        if self.spool.pending_bytes >= self.spool.max_bytes:
-            return ExportOutcome(503, message="ingest spool is full; retry later", retry_after=self.retry_after)
+        refusal = self._refusal()
+        if refusal is not None:
+            return refusal
         media_type = (content_type or "").split(";", 1)[0].strip().lower()
         if media_type not in PROTOBUF_TYPES and media_type not in JSON_TYPES:
             return ExportOutcome(415, message="Content-Type must be application/x-protobuf or application/json")
@@ -151,15 +169,23 @@ class IngestService:
             metrics.SPANS_REJECTED.labels(protocol, reason).inc(count)
         if record is not None:
             try:
-                self.spool.append(record, memo)
+                self.spool.append(record, memo, arrival=record[8])
             except SpoolFull:
-                return ExportOutcome(503, message="ingest spool is full; retry later", retry_after=self.retry_after)
+                metrics.BACKPRESSURE_REFUSALS.labels("spool_full").inc()
+                return ExportOutcome(503, message=_REFUSALS["spool_full"], retry_after=self.retry_after)
             metrics.SPANS_ACCEPTED.labels(protocol).inc(len(decoded.spans))
             metrics.SPOOL_PENDING_BYTES.set(self.spool.pending_bytes)
         return ExportOutcome(200, accepted=len(decoded.spans), rejected=decoded.rejected_count, message=decoded.message())
 
 
-def build_record(identity: IngestIdentity, decoded: Decoded) -> tuple[tuple, tuple]:
+_REFUSALS = {
+    "spool_full": "ingest spool is full; retry later",
+    "backlog_bytes": "ingest is behind (too much accepted data not yet queryable); retry later",
+    "backlog_age": "ingest is behind (accepted data waits too long to become queryable); retry later",
+}
+
+
+def build_record(identity: IngestIdentity, decoded: Decoded, arrival: float | None = None) -> tuple[tuple, tuple]:
     """The spool record, and an in-memory memo `(calls, edges, retention_days)` the request builder can
     use instead of reading these spans back from ClickHouse."""
     project_id = identity.project_id
@@ -218,5 +244,5 @@ def build_record(identity: IngestIdentity, decoded: Decoded) -> tuple[tuple, tup
         rids = [resources.get(id(r), (None, 0))[1] for r in decoded.resources]  # 0: a resource without spans
         spans_json = fast.span_rows(project_id, retention, conventions, rids)
     record = (project_id, trace_ids, spans_json, encode_rows(call_rows), len(decoded.spans), len(call_rows),
-              resource_rows, RECORD_FORMAT)
+              resource_rows, RECORD_FORMAT, time.time() if arrival is None else arrival)
     return record, (calls, (edge_traces, edge_spans, edge_parents), retention)

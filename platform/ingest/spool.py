@@ -14,8 +14,10 @@ import os
 import pickle
 import struct
 import threading
+import time
 import zlib
-from collections import OrderedDict
+from collections import OrderedDict, deque
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +37,9 @@ Position = tuple[int, int]  # (segment number, byte offset)
 
 class Spool:
     def __init__(self, directory: str | os.PathLike, *, max_bytes: int, segment_bytes: int, fsync: bool = True,
-                 cache_bytes: int = 256 * 1024 * 1024):
+                 cache_bytes: int = 256 * 1024 * 1024, arrival_of: Callable[[Any], float | None] | None = None):
+        """`arrival_of(record)`: when a record's data arrived (seconds since the epoch), read from a record
+        spooled by an earlier process, for oldest_pending_arrival()."""
         self.dir = Path(directory)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.max_bytes = max_bytes
@@ -56,6 +60,10 @@ class Spool:
         self._file = open(self._segment_path(self._segment_no), "ab")
         self._offset = self._file.tell()
         self._pending_bytes = self._measure_pending()
+        # (position, arrival) of the records not yet consumed, oldest first (for the backlog's age).
+        self._arrivals: deque[tuple[Position, float]] = deque()
+        if self._pending_bytes:
+            self._arrivals.append((self._checkpoint, self._first_pending_arrival(arrival_of)))
 
     # -- paths and bookkeeping -----------------------------------------------------------------
     def _segment_path(self, number: int) -> Path:
@@ -103,6 +111,35 @@ class Spool:
                 f.truncate(good)
                 os.fsync(f.fileno())
 
+    def _first_pending_arrival(self, arrival_of) -> float:
+        """When the oldest record left by the previous process arrived: read from it when the record says,
+        else the time its segment was last written."""
+        try:
+            records, _ = self.read_from(self._checkpoint, max_records=1)
+        except (OSError, RuntimeError, pickle.UnpicklingError):
+            records = []
+        if records and arrival_of is not None:
+            arrival = arrival_of(records[0][1])
+            if arrival is not None:
+                return arrival
+        position = records[0][0] if records else self._checkpoint
+        try:
+            return self._segment_path(position[0]).stat().st_mtime
+        except OSError:
+            return time.time()
+
+    def oldest_pending_arrival(self) -> float | None:
+        """Arrival time of the oldest record not yet consumed, or None when there is none."""
+        try:
+            return self._arrivals[0][1]
+        except IndexError:
+            return None
+
+    @property
+    def cache_bytes(self) -> int:
+        """Bytes (as spooled) of the records kept in memory for the consumer."""
+        return self._cache_bytes
+
     @property
     def pending_bytes(self) -> int:
         return self._pending_bytes
@@ -112,10 +149,11 @@ class Spool:
         return self._checkpoint
 
     # -- producer side -------------------------------------------------------------------------
-    def append(self, record: Any, memo: Any = None) -> Position:
+    def append(self, record: Any, memo: Any = None, arrival: float | None = None) -> Position:
         """Write one record durably; returns once it is on disk (fsync shared with concurrent appends).
 
-        `memo` is kept in memory only (never written) for the consumer: see memo()."""
+        `memo` is kept in memory only (never written) for the consumer: see memo(). `arrival`: when its
+        data arrived (default now), for oldest_pending_arrival()."""
         payload = pickle.dumps(record, protocol=pickle.HIGHEST_PROTOCOL)
         if len(payload) >= _MAX_FRAME:
             raise ValueError("record too large for the spool")
@@ -133,6 +171,7 @@ class Spool:
             self._written_seq += 1
             my_seq = self._written_seq
             self._remember(position, record, memo, len(frame))
+            self._arrivals.append((position, time.time() if arrival is None else arrival))
         self._sync(my_seq)
         with self._new_data:
             self._new_data.notify_all()
@@ -234,6 +273,9 @@ class Spool:
             self._checkpoint = position
             for key in [k for k in self._cache if k < position]:
                 self._cache_bytes -= self._cache.pop(key)[1]
+            arrivals = self._arrivals
+            while arrivals and arrivals[0][0] < position:
+                arrivals.popleft()
             for number in self.segments():
                 if number < position[0] and number != self._segment_no:
                     try:

@@ -36,14 +36,23 @@ class SpanWriter(threading.Thread):
     SYSTEMIC_RETRIES = 5
 
     def __init__(self, spool: Spool, store: ClickHouseStore, *, batch_spans: int, max_delay: float,
-                 on_written: Callable[[list[tuple[tuple, tuple | None]]], None] | None = None,
-                 schema=None):
+                 on_written: Callable[[list[tuple[tuple, tuple | None]], int], None] | None = None,
+                 schema=None, room: Callable[[float], bool] | None = None):
+        """`on_written(items, written_ms)` gets what each insert stored; `room(timeout)` blocks while the
+        decomposition has no room for more (the writer then leaves the rest in the spool, on disk)."""
         super().__init__(name="span-writer", daemon=True)
         self.spool = spool
         self.store = store
         self.batch_spans = batch_spans
         self.max_delay = max_delay
         self.on_written = on_written
+        self.room = room
+        # When the insert in progress started (ms since the epoch), None between inserts: the rows it
+        # stores have ingested_at >= this, and nothing has reported them yet.
+        self._insert_started_ms: int | None = None
+        # Whether ClickHouse failed the last attempt (the writer is backing off): ingest then keeps
+        # spooling up to the spool's limit instead of pushing back on the backlog's age.
+        self.store_unavailable = False
         self._stop_event = threading.Event()
         self._idle = threading.Event()
         self.position = spool.checkpoint
@@ -69,27 +78,41 @@ class SpanWriter(threading.Thread):
             time.sleep(0.01)
         return self.spool.pending_bytes == 0
 
+    def insert_in_flight(self) -> int | None:
+        """When the insert in progress started (ms since the epoch), or None."""
+        return self._insert_started_ms
+
     def run(self) -> None:
         name_os_thread(self.name)
         backoff = 0.1
         while not self._stop_event.is_set():
             try:
+                if self.room is not None and not self._wait_for_room():
+                    continue
                 records, next_position = self._collect()
                 if not records:
                     continue
                 if self.schema is not None:
                     self.schema.ensure()
-                refused = self._write(records)
-                # Report before committing: after a crash in between, the replay reports again. Records
-                # ClickHouse refused (dead-lettered) are not stored, so not reported.
-                if self.on_written is not None:
-                    self.on_written([(r, self.spool.memo(position)) for position, r in records
-                                     if position not in refused])
+                self._insert_started_ms = time.time_ns() // 1_000_000
+                try:
+                    refused = self._write(records)
+                    # Report before committing: after a crash in between, the replay reports again. Records
+                    # ClickHouse refused (dead-lettered) are not stored, so not reported.
+                    if self.on_written is not None:
+                        self.on_written([(r, self.spool.memo(position)) for position, r in records
+                                         if position not in refused], self._insert_started_ms)
+                finally:
+                    self._insert_started_ms = None
                 self.spool.commit(next_position)
                 self.position = next_position
                 metrics.SPOOL_PENDING_BYTES.set(self.spool.pending_bytes)
+                self.store_unavailable = False
                 backoff = 0.1
             except StoreUnavailable as exc:
+                if self._stop_event.is_set():
+                    break  # shutting down: the store is closing; the data stays in the spool
+                self.store_unavailable = True
                 metrics.STORE_UNAVAILABLE.inc()
                 log.warning("ClickHouse unavailable, spooled data kept (retry in %.1fs): %s", backoff, exc)
                 self._stop_event.wait(backoff)
@@ -98,6 +121,19 @@ class SpanWriter(threading.Thread):
                 log.exception("span writer failed; retrying")
                 self._stop_event.wait(backoff)
                 backoff = min(backoff * 2, 10.0)
+
+    def _wait_for_room(self) -> bool:
+        """Wait while the decomposition's backlog is full; False when stopping."""
+        if self.room(0):
+            return True
+        started = time.perf_counter()
+        try:
+            while not self._stop_event.is_set():
+                if self.room(0.25):
+                    return True
+            return False
+        finally:
+            metrics.WRITER_BLOCKED_SECONDS.inc(time.perf_counter() - started)
 
     # While exports keep arriving, the writer waits (up to max_delay) to fill its batch: an insert
     # costs ClickHouse a part to write and later merge, and 8k-span inserts cost ~30% more CPU per

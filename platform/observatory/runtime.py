@@ -9,10 +9,13 @@ import fcntl
 import logging
 import os
 import threading
+import time
 from pathlib import Path
 
 from django.conf import settings
+from ingest.backpressure import Backpressure
 from ingest.otlp import Limits
+from ingest.rows import arrival_of
 from ingest.service import IngestService
 from ingest.spool import Spool
 from ingest.writer import SpanWriter
@@ -47,14 +50,8 @@ class PlatformRuntime:
             max_bytes=ingest["SPOOL_MAX_BYTES"],
             segment_bytes=ingest["SPOOL_SEGMENT_BYTES"],
             fsync=ingest["SPOOL_FSYNC"],
-        )
-        self.service = IngestService(
-            self.spool,
-            limits=Limits.from_settings(ingest),
-            max_body_bytes=ingest["MAX_BODY_BYTES"],
-            max_decompressed_bytes=ingest["MAX_DECOMPRESSED_BYTES"],
-            retry_after=ingest["RETRY_AFTER_SECONDS"],
-            fast_decoder=ingest["FAST_DECODER"],
+            cache_bytes=ingest["SPOOL_CACHE_BYTES"],
+            arrival_of=arrival_of,
         )
         self.schema = ch_migrate.SchemaGate(self.store, log=log.info)
         self.builder = RequestBuilder(
@@ -65,6 +62,8 @@ class PlatformRuntime:
             project_ids=_project_ids,
             trace_window=ingest["TRACE_WINDOW_SECONDS"],
             max_span_age=ingest["MAX_SPAN_AGE_SECONDS"],
+            max_pending_traces=ingest["DECOMPOSE_MAX_PENDING_TRACES"],
+            chunk_traces=ingest["DECOMPOSE_CHUNK_TRACES"],
         )
         self.writer = SpanWriter(
             self.spool,
@@ -73,6 +72,24 @@ class PlatformRuntime:
             max_delay=ingest["WRITER_MAX_DELAY_SECONDS"],
             on_written=self.builder.mark_written,
             schema=self.schema,
+            room=self.builder.backlog.wait_for_room,
+        )
+        self.builder.insert_in_flight = self.writer.insert_in_flight
+        self.backpressure = Backpressure(
+            spool=self.spool,
+            backlog=self.builder.backlog,
+            store_unavailable=lambda: self.writer.store_unavailable,
+            max_bytes=ingest["BACKLOG_MAX_BYTES"],
+            max_age_seconds=ingest["BACKLOG_MAX_SECONDS"],
+        )
+        self.service = IngestService(
+            self.spool,
+            limits=Limits.from_settings(ingest),
+            max_body_bytes=ingest["MAX_BODY_BYTES"],
+            max_decompressed_bytes=ingest["MAX_DECOMPRESSED_BYTES"],
+            retry_after=ingest["RETRY_AFTER_SECONDS"],
+            fast_decoder=ingest["FAST_DECODER"],
+            backpressure=self.backpressure,
         )
         self.rollups = RollupBuilder(
             self.store,
@@ -100,18 +117,35 @@ class PlatformRuntime:
         """Everything accepted so far is in ClickHouse and decomposed (tests, benchmarks)."""
         return self.writer.wait_idle(timeout) and self.builder.wait_idle(timeout)
 
-    def stop(self) -> None:
+    def stop_threads(self) -> None:
+        """Ask the writer, the decomposition and the rollups to stop at their next boundary (an insert,
+        a chunk, a rollup step); they are joined by close()."""
         self.writer.stop()
         self.builder.stop()
         self.rollups.stop()
+
+    def close(self, deadline: float | None = None) -> bool:
+        """Stop the threads, then close the trace store once no call is inside it, then the spool, by
+        `deadline` (time.monotonic()). False if some store call was still running then: the store is
+        left open (closing chdb under it crashes the process), the rest is closed anyway."""
+        if deadline is None:
+            deadline = time.monotonic() + 30
+        self.stop_threads()
         if self.started:
-            self.writer.join(timeout=30)
-            self.builder.join(timeout=30)
-            self.rollups.join(timeout=30)
+            for thread in (self.writer, self.builder, self.rollups, getattr(self.builder, "_loader", None)):
+                if thread is not None and thread.is_alive():
+                    thread.join(max(0.0, deadline - 1.0 - time.monotonic()))
+                    if thread.is_alive():
+                        log.warning("shutdown: %s did not stop in time", thread.name)
+        clean = self.store.shutdown(timeout=max(0.0, deadline - time.monotonic()))
         self.spool.close()
         fcntl.flock(self._lock_file, fcntl.LOCK_UN)
         self._lock_file.close()
         self.started = False
+        return clean
+
+    def stop(self) -> None:
+        self.close()
 
 
 def _project_ids() -> list[int]:

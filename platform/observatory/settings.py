@@ -165,6 +165,17 @@ INGEST = {
     # ingests. 0: every trace is looked up in ClickHouse (exact whatever the delay between spans).
     "TRACE_WINDOW_SECONDS": envfloat("INGEST_TRACE_WINDOW_SECONDS", 3600.0 if EMBEDDED_MODE else 0.0),
     "RETRY_AFTER_SECONDS": envint("INGEST_RETRY_AFTER_SECONDS", 5),
+    # Backpressure (ingest/backpressure.py): exports get 503 / UNAVAILABLE while the data accepted but not
+    # yet queryable is beyond either bound (0: no bound), except during a ClickHouse outage (then only the
+    # spool's own bound applies).
+    "BACKLOG_MAX_BYTES": envint("INGEST_BACKLOG_MAX_BYTES", 512 * 1024 * 1024),
+    "BACKLOG_MAX_SECONDS": envfloat("INGEST_BACKLOG_MAX_SECONDS", 30.0),
+    # The decomposition's backlog (traces/backlog.py): the writer waits while this many traces wait.
+    "DECOMPOSE_MAX_PENDING_TRACES": envint("INGEST_DECOMPOSE_MAX_PENDING_TRACES", 100_000),
+    # Traces per decomposition step; a step is the unit between checkpoints and the point where a stop lands.
+    "DECOMPOSE_CHUNK_TRACES": envint("INGEST_DECOMPOSE_CHUNK_TRACES", 5000),
+    # Spool records kept in memory for the writer (as spooled bytes; their in-memory memos add ~30%).
+    "SPOOL_CACHE_BYTES": envint("INGEST_SPOOL_CACHE_BYTES", 256 * 1024 * 1024),
     "ROLLUP_INTERVAL_SECONDS": envfloat("ROLLUP_INTERVAL_SECONDS", 30.0),
     "ROLLUP_SETTLE_SECONDS": envfloat("ROLLUP_SETTLE_SECONDS", 120.0),
     "KEY_CACHE_SECONDS": envfloat("INGEST_KEY_CACHE_SECONDS", 30.0),
@@ -173,6 +184,21 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = INGEST["MAX_BODY_BYTES"]
 
 HTTP_BIND = env("OBSERVATORY_HTTP_BIND", "127.0.0.1:8000")
 HTTP_THREADS = envint("OBSERVATORY_HTTP_THREADS", 8)
+# The web port's server (observatory/http_server.py): connections are held by an event loop, requests run
+# on HTTP_THREADS threads once their body has arrived.
+HTTP = {
+    "MAX_CONNECTIONS": envint("OBSERVATORY_HTTP_MAX_CONNECTIONS", 10_000),
+    "HEADER_TIMEOUT_SECONDS": envfloat("OBSERVATORY_HTTP_HEADER_TIMEOUT_SECONDS", 10.0),
+    "MAX_HEADER_BYTES": envint("OBSERVATORY_HTTP_MAX_HEADER_BYTES", 64 * 1024),
+    "KEEPALIVE_SECONDS": envfloat("OBSERVATORY_HTTP_KEEPALIVE_SECONDS", 75.0),
+    "BODY_TIMEOUT_SECONDS": envfloat("OBSERVATORY_HTTP_BODY_TIMEOUT_SECONDS", 60.0),
+}
+# SIGTERM (observatory/serve.py): bodies still arriving get DRAIN_SECONDS, the writer and decomposition go on
+# that long, then everything stops at its next boundary; the process is gone within TIMEOUT_SECONDS.
+SHUTDOWN = {
+    "DRAIN_SECONDS": envfloat("OBSERVATORY_SHUTDOWN_DRAIN_SECONDS", 4.0),
+    "TIMEOUT_SECONDS": envfloat("OBSERVATORY_SHUTDOWN_TIMEOUT_SECONDS", 15.0),
+}
 OTLP_GRPC_BIND = env("OBSERVATORY_OTLP_GRPC_BIND", "127.0.0.1:4317")
 OTLP_GRPC_ENABLED = envbool("OBSERVATORY_OTLP_GRPC_ENABLED", True)
 
@@ -282,7 +308,9 @@ LOGGING = {
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": env("LOG_LEVEL", "INFO")},
     "loggers": {
-        "waitress.queue": {"level": "ERROR"},
+        # uvicorn's own messages ("Started server process", each 503 at the connection limit) stay quiet
+        # unless something goes wrong.
+        "uvicorn.error": {"level": "WARNING"},
         # Celery logs every task received/succeeded and every beat send at INFO: several lines every 10 s
         # for the delivery tick alone. Task failures stay visible (ERROR); LOG_LEVEL=DEBUG shows them all.
         **{name: {"level": "DEBUG" if env("LOG_LEVEL", "INFO") == "DEBUG" else "WARNING"}

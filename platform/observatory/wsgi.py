@@ -1,4 +1,4 @@
-"""WSGI entry point for server mode (gunicorn/uwsgi); embedded mode serves it with waitress from `runplatform`."""
+"""WSGI entry point: `runplatform` serves it (observatory/http_server.py); any WSGI server can too, without ingest."""
 import os
 
 from django.core.wsgi import get_wsgi_application

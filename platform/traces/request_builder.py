@@ -18,6 +18,7 @@ from ingest.writer import name_os_thread
 
 from collectors.base import LLMCall, Role
 
+from .backlog import DecompositionBacklog
 from .decomposition import RequestRecord, decompose_trace
 from .rollups import record_touches
 from .store import ClickHouseStore, StoreUnavailable, string_set
@@ -295,62 +296,65 @@ def _rebuild_chunk(store: ClickHouseStore, project_id: int, trace_ids: list[str]
 
 
 class RequestBuilder(threading.Thread):
-    """Collects traces touched by the writer and rebuilds their request rows every `interval` seconds.
+    """Decomposes the traces the writer stored, oldest first, in bounded chunks (traces/backlog.py).
 
-    After each complete cycle the time its work was taken is kept in
-    `<state_dir>/decomposed_until`: every trace stored before then (ClickHouse stamps
-    `ingested_at`) has been rebuilt, so after a crash `recover` rebuilds the rest.
+    A cycle starts every `interval` seconds and takes the backlog a chunk (at most `chunk_traces`
+    traces) at a time until it is empty; between chunks it can stop. After each chunk the time up to
+    which everything stored has been decomposed is kept in `<state_dir>/decomposed_until` (ClickHouse
+    stamps `ingested_at`), so after a stop or a crash `recover` rebuilds only what came after it.
     """
 
     def __init__(self, store: ClickHouseStore, *, interval: float, state_dir: str | Path, schema=None,
-                 project_ids=None, trace_window: float = 0.0, max_span_age: float = 7 * 86_400):
+                 project_ids=None, trace_window: float = 0.0, max_span_age: float = 7 * 86_400,
+                 max_pending_traces: int = 100_000, chunk_traces: int = _CHUNK, insert_in_flight=None):
         """`trace_window` > 0: this is the only process writing spans to the store, and traces new to it
         are decomposed without lookups (see trace_filter); `max_span_age` is the ingest limit, which
-        bounds how old a span written in the last `trace_window` seconds can be."""
+        bounds how old a span written in the last `trace_window` seconds can be. `max_pending_traces`
+        bounds the backlog (the writer waits beyond it); `insert_in_flight` is the writer's
+        `insert_in_flight` (when its current insert started, ms), so the checkpoint never passes it."""
         super().__init__(name="request-builder", daemon=True)
         self.store = store
         self.interval = interval
+        self.chunk_traces = chunk_traces
         self.state_path = Path(state_dir) / "decomposed_until"
-        self._dirty: dict[int, set[str]] = defaultdict(set)
-        self._written: list[list[tuple[tuple, tuple | None]]] = []  # mark_written's, for _remember
-        self.memory = TraceMemory()
+        self.backlog = DecompositionBacklog(max_pending_traces)
+        # Holds what the backlog may hold plus one writer batch of single-span traces, so that no waiting
+        # trace leaves the memory before its turn (it would then be read back from ClickHouse, ~50x the
+        # cost, when the decomposition is already behind).
+        self.memory = TraceMemory(max_traces=max_pending_traces + 60_000)
         self.filter = TraceFilter(trace_window) if trace_window > 0 else None
         self.max_span_age = max_span_age
         self.schema = schema  # SchemaGate: migrations first
         self.project_ids = project_ids  # callable: projects to recover after a restart
         self.recovered = project_ids is None
-        self._lock = threading.Lock()
+        self.insert_in_flight = insert_in_flight or (lambda: None)
         self._wake = threading.Event()
         self._stop_event = threading.Event()
-        self._busy = False
+        self._cycle_lock = threading.Lock()  # one cycle at a time (the thread, or a test calling cycle())
 
     # called by the writer after each successful insert, with each record's in-memory memo (or None)
-    def mark_written(self, items: list[tuple[tuple, tuple | None]]) -> None:
-        """Queue what was written for the next cycle, which puts it in the filter and the memory
-        (`_remember`): that work (~3 µs a span) then holds up this thread, not the writer, whose
-        next insert waits for it."""
-        with self._lock:
-            self._written.append(items)
-            for record, _memo in items:
-                self._dirty[record[0]].update(record[1])
+    def mark_written(self, items: list[tuple[tuple, tuple | None]], written_ms: int | None = None) -> None:
+        """Queue what was written (`written_ms`: when its insert started) for decomposition; the memos go
+        into the filter and the memory at the start of the next chunk (`_remember`): that work (~3 µs a
+        span) then holds up this thread, not the writer, whose next insert waits for it."""
+        self.backlog.add_written(items, time.time_ns() // 1_000_000 if written_ms is None else written_ms)
 
-    def _remember(self, written: list[list[tuple[tuple, tuple | None]]]) -> None:
+    def _remember(self, written: list[tuple[tuple, tuple | None]]) -> None:
         """Into the filter and the memory, in the order the records were written (the filter tells the
         traces new to the store from the first record that holds them)."""
-        for items in written:
-            for record, memo in items:
-                new = ()
-                if self.filter is not None:
-                    seen = self.filter.check_and_add(record[0], record[1])
-                    if not seen.all():
-                        new = {t for t, s in zip(record[1], seen.tolist()) if not s}
-                if memo is not None:
-                    calls, edges, retention_days = memo
-                    self.memory.add(record[0], retention_days, calls, edges, new)
+        for record, memo in written:
+            new = ()
+            if self.filter is not None:
+                seen = self.filter.check_and_add(record[0], record[1])
+                if not seen.all():
+                    new = {t for t, s in zip(record[1], seen.tolist()) if not s}
+            calls, edges, retention_days = memo
+            self.memory.add(record[0], retention_days, calls, edges, new)
 
     def mark_dirty(self, project_id: int, trace_ids) -> None:
-        with self._lock:
-            self._dirty[project_id].update(trace_ids)
+        """Decompose these traces again (as if just written)."""
+        now_ms = time.time_ns() // 1_000_000
+        self.backlog.add_recovered(project_id, [(t, now_ms) for t in trace_ids])
 
     def watermark_ms(self) -> int | None:
         try:
@@ -359,43 +363,43 @@ class RequestBuilder(threading.Thread):
             return None
 
     def recover(self, project_ids: list[int]) -> int:
-        """Mark for rebuilding the traces whose LLM calls were stored after the last completed rebuild
-        (all of them when no rebuild ever completed)."""
+        """Queue the traces whose LLM calls were stored after the last checkpoint (all of them when there
+        is none), oldest first, in slices: the checkpoint moves as each slice is done."""
         since = self.watermark_ms() or 5000
         count = 0
         for project_id in project_ids:
             rows = self.store.query(
-                f"SELECT DISTINCT trace_id FROM {self.store.table('llm_calls')} "
-                "WHERE project_id = {project_id:UInt32} AND ingested_at >= fromUnixTimestamp64Milli({since:Int64})",
+                "SELECT trace_id, toUnixTimestamp64Milli(min(ingested_at)) "
+                f"FROM {self.store.table('llm_calls')} "
+                "WHERE project_id = {project_id:UInt32} AND ingested_at >= fromUnixTimestamp64Milli({since:Int64}) "
+                "GROUP BY trace_id",
                 project_id=project_id, parameters={"since": since - 5000},
             )
-            self.mark_dirty(project_id, [r[0] for r in rows])
-            count += len(rows)
+            count += self.backlog.add_recovered(project_id, [(r[0], int(r[1])) for r in rows], self.chunk_traces)
         return count
 
     def pending_traces(self) -> int:
-        """Traces waiting to be (re)decomposed, counting a cycle in progress and a recovery not yet done."""
-        with self._lock:
-            return sum(len(t) for t in self._dirty.values()) + (1 if self._busy else 0) + (0 if self.recovered else 1)
+        """Traces waiting to be (re)decomposed or being decomposed, plus one while the recovery after a
+        restart has not run yet."""
+        return self.backlog.traces() + (0 if self.recovered else 1)
 
     def stop(self) -> None:
+        """Stop at the next chunk boundary (what is left resumes from the checkpoint on the next start)."""
         self._stop_event.set()
         self._wake.set()
 
     def wait_idle(self, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            with self._lock:
-                idle = not self._busy and not any(self._dirty.values())
-            if idle:
+            if self.recovered and self.backlog.idle():
                 return True
             self._wake.set()
             time.sleep(0.01)
         return False
 
     def _prepare(self) -> None:
-        """Schema first, then (once) the traces the last process left undecomposed — before any cycle
-        can move the watermark past them."""
+        """Schema first, then (once) the traces the last process left undecomposed — before any chunk
+        can move the checkpoint past them."""
         if self.schema is not None:
             self.schema.ensure()
         if not self.recovered:
@@ -419,6 +423,8 @@ class RequestBuilder(threading.Thread):
                 "AND ingested_at >= fromUnixTimestamp64Milli({since:Int64})",
                 project_id=project_id, parameters={"oldest": oldest_ms, "since": since_ms},
             )))
+            if self._stop_event.is_set():
+                return 0
         total = sum(len(hashes) for _, hashes in loaded)
         self.filter.reserve(total)
         for project_id, hashes in loaded:
@@ -438,6 +444,8 @@ class RequestBuilder(threading.Thread):
                 if self.schema is not None:
                     self.schema.ensure()
                 loaded = self.load_filter()
+                if self._stop_event.is_set():
+                    return
                 log.info("trace filter ready: %d traces written in the last %.0fs", loaded, self.filter.window)
                 return
             except Exception as exc:  # ClickHouse away: every trace is looked up meanwhile
@@ -448,7 +456,8 @@ class RequestBuilder(threading.Thread):
     def run(self) -> None:
         name_os_thread(self.name)
         if self.filter is not None:
-            threading.Thread(target=self._filter_loader, name="trace-filter", daemon=True).start()
+            self._loader = threading.Thread(target=self._filter_loader, name="trace-filter", daemon=True)
+            self._loader.start()
         backoff = 0.5
         first = True
         started = time.monotonic()
@@ -465,6 +474,8 @@ class RequestBuilder(threading.Thread):
                 self.cycle()
                 backoff = 0.5
             except StoreUnavailable as exc:
+                if self._stop_event.is_set():
+                    break
                 log.warning("request builder: ClickHouse unavailable (%s); retrying", exc)
                 self._stop_event.wait(backoff)
                 backoff = min(backoff * 2, 10.0)
@@ -475,35 +486,57 @@ class RequestBuilder(threading.Thread):
                 backoff = min(backoff * 2, 10.0)
 
     def cycle(self) -> int:
-        with self._lock:
-            # Taken together: the memos of every trace in `dirty` are in `written`, and go into the
-            # memory before any of them is decomposed.
-            written, self._written = self._written, []
-            dirty, self._dirty = self._dirty, defaultdict(set)
-            taken_ms = time.time_ns() // 1_000_000
-            self._busy = True
-        started = time.perf_counter()
+        """Decompose the backlog a chunk at a time until it is empty or the builder is stopping;
+        returns the number of traces decomposed."""
         done = 0
-        try:
-            self._remember(written)
-            for project_id, traces in dirty.items():
-                if traces:
-                    rebuild_traces(self.store, project_id, sorted(traces), self.memory)
-                    done += len(traces)
-        except BaseException:
-            with self._lock:  # put the unfinished work back
-                for project_id, traces in dirty.items():
-                    self._dirty[project_id].update(traces)
-            raise
-        finally:
-            with self._lock:
-                self._busy = False
-        self.state_path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.state_path.with_suffix(".tmp")
-        tmp.write_text(str(taken_ms))
-        tmp.replace(self.state_path)
-        metrics.DECOMPOSED_TRACES.inc(done)
+        with self._cycle_lock:
+            while True:
+                step = self.step()
+                if step is None:
+                    break
+                done += step
+                if self._stop_event.is_set():
+                    break
         if self.filter is not None:
             metrics.TRACE_FILTER_BYTES.set(self.filter.nbytes)
-        metrics.DECOMPOSE_SECONDS.observe(time.perf_counter() - started)
         return done
+
+    def step(self) -> int | None:
+        """One chunk: the oldest waiting traces, decomposed, their rows stored, the checkpoint moved.
+        None when nothing waits."""
+        chunk = self.backlog.take(self.chunk_traces)
+        if chunk is None:
+            return None
+        started = time.perf_counter()
+        try:
+            self._remember(chunk.memos)
+            chunk.memos = []  # in the memory now; a retry needs them no more
+            for project_id in chunk.traces:
+                rebuild_traces(self.store, project_id, chunk.trace_ids(project_id), self.memory)
+        except BaseException:
+            self.backlog.put_back(chunk)  # the unfinished work waits again, in its place
+            raise
+        complete = self.backlog.done(chunk)
+        now = time.time()
+        for batch in complete:
+            for arrival in batch.arrivals:
+                metrics.QUERYABLE_LAG_SECONDS.observe(max(0.0, now - arrival))
+        self._checkpoint()
+        metrics.DECOMPOSED_TRACES.inc(len(chunk))
+        metrics.DECOMPOSE_SECONDS.observe(time.perf_counter() - started)
+        return len(chunk)
+
+    def _checkpoint(self) -> None:
+        """Everything stored before the checkpoint is decomposed: the oldest batch not completely
+        decomposed, or an insert in progress, or (neither) this moment, read before both."""
+        candidates = [time.time_ns() // 1_000_000]
+        in_flight = self.insert_in_flight()
+        if in_flight is not None:
+            candidates.append(in_flight)
+        oldest = self.backlog.oldest()
+        if oldest is not None:
+            candidates.append(oldest[0])
+        self.state_path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.state_path.with_suffix(".tmp")
+        tmp.write_text(str(min(candidates)))
+        tmp.replace(self.state_path)

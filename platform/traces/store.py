@@ -4,6 +4,7 @@ from __future__ import annotations
 import logging
 import re
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlparse
@@ -57,6 +58,11 @@ class ClickHouseStore:
         self._chdb_clients: list[tuple[threading.Thread, Any]] = []  # every embedded client open, by thread
         self._generation = 0  # close() makes every thread's client stale
         self._bootstrapped = False
+        # Shutdown: once closing, new calls are refused (StoreUnavailable) and close() waits for the calls
+        # in flight: an interpreter that exits, or a chdb closed, under a thread still inside chdb crashes.
+        self._calls = threading.Condition(threading.Lock())
+        self._in_flight = 0
+        self._closing = False
 
     # -- connections ---------------------------------------------------------------------------
     def _connect(self, database: str | None):
@@ -117,6 +123,19 @@ class ClickHouseStore:
             return client
 
     def _run(self, fn):
+        with self._calls:
+            if self._closing:
+                raise StoreUnavailable("ClickHouse store is closing (the platform is shutting down)")
+            self._in_flight += 1
+        try:
+            return self._call(fn)
+        finally:
+            with self._calls:
+                self._in_flight -= 1
+                if not self._in_flight:
+                    self._calls.notify_all()
+
+    def _call(self, fn):
         try:
             return fn(self._client())
         except StoreUnavailable:
@@ -200,6 +219,23 @@ class ClickHouseStore:
         params = _tenant_parameters(sql, project_id, parameters)
         raw = self._run(lambda c: c.raw_query(sql, parameters=params, fmt="RowBinary"))
         return np.frombuffer(raw or b"", dtype="<u8")
+
+    def calls_in_flight(self) -> int:
+        return self._in_flight
+
+    def shutdown(self, timeout: float) -> bool:
+        """Refuse new calls, wait up to `timeout` s for those in flight, then close; False (and nothing
+        closed) if some call was still running: the caller must not close chdb under it."""
+        deadline = time.monotonic() + timeout
+        with self._calls:
+            self._closing = True
+            while self._in_flight:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                self._calls.wait(remaining)
+        self.close()
+        return True
 
     def close(self) -> None:
         """Close every connection (call it once the threads using the store are done with it)."""

@@ -231,7 +231,8 @@ def test_records_clickhouse_refuses_are_not_reported_as_written(make_store, tmp_
     ch_migrate.apply(store, log=lambda *_: None)
     spool = Spool(tmp_path / "spool", max_bytes=1 << 30, segment_bytes=1 << 26, fsync=False)
     reported = []
-    writer = SpanWriter(spool, store, batch_spans=1000, max_delay=0.01, on_written=reported.extend)
+    writer = SpanWriter(spool, store, batch_spans=1000, max_delay=0.01,
+                        on_written=lambda items, written_ms: reported.extend(items))
     good, memo = build_record(IngestIdentity(PROJECT, 30), decoded_traces(2, seed=5))
     bad = (*good[:2], b'["not a span row"]', *good[3:])  # ClickHouse cannot parse it: dead-lettered
     spool.append(good, memo)

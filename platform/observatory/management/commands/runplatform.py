@@ -5,7 +5,7 @@ from django.core.management.base import BaseCommand, CommandError
 from observatory.background import start_background
 from observatory.engine_link import EngineCompanion
 from observatory.runtime import SpoolInUse
-from observatory.serve import PlatformServer
+from observatory.serve import PlatformServer, end_process
 
 
 class Command(BaseCommand):
@@ -36,7 +36,9 @@ class Command(BaseCommand):
         except SpoolInUse as exc:
             raise CommandError(str(exc)) from exc
         server.install_signal_handlers()
-        background = start_background()  # Celery worker + beat in this process (OBSERVATORY_INPROCESS_WORKER)
+        # Celery worker + beat in this process (OBSERVATORY_INPROCESS_WORKER); stopped with the server, before
+        # the trace store closes.
+        server.background = start_background()
         mode = "embedded (SQLite + chdb)" if settings.EMBEDDED_MODE else "server"
         self.stdout.write(f"LLM latency observatory running in {mode} mode")
         self.stdout.write(f"  web + API + OTLP/HTTP  http://{server.http_bind.rsplit(':', 1)[0]}:{server.http_port}")
@@ -58,7 +60,6 @@ class Command(BaseCommand):
         try:
             server.serve_forever()
         finally:
-            if background is not None:
-                background.stop()
             if companion is not None:
                 companion.stop()
+        end_process(0)
