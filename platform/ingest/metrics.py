@@ -61,3 +61,9 @@ BACKPRESSURE_REFUSALS = Counter(
 )
 BACKPRESSURE = Gauge(
     "observatory_ingest_backpressure", "1 while ingest refuses exports because the backlog is beyond its bound")
+SPOOL_CACHE_BYTES = Gauge(
+    "observatory_spool_cache_bytes",
+    "Spool records held in memory for the writer, in bytes as spooled (INGEST_SPOOL_CACHE_BYTES bounds it)")
+DECOMPOSE_MEMORY_TRACES = Gauge(
+    "observatory_decompose_memory_traces",
+    "Traces whose LLM calls the decomposition holds in memory (bounded: the backlog's limit plus one writer batch)")

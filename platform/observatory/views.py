@@ -20,11 +20,20 @@ def healthz(request):
 def readyz(request):
     runtime = get_runtime()
     store_ok = get_store().ping()
+    backlog = runtime.backpressure.publish() if runtime else {}
     body = {
         "ingest": runtime is not None,
         "clickhouse": store_ok,
         "spool_pending_bytes": runtime.spool.pending_bytes if runtime else None,
+        # Traces stored and waiting for decomposition (or in the chunk being decomposed), and the spool
+        # bytes of those batches: traces/backlog.py.
         "decomposition_pending": runtime.builder.pending_traces() if runtime else None,
+        "decomposition_pending_bytes": backlog.get("decomposition_pending_bytes"),
+        # Accepted and not yet queryable: bytes (spool + decomposition) and the oldest one's age; ingest
+        # refuses exports beyond INGEST_BACKLOG_MAX_BYTES / _SECONDS (ingest/backpressure.py), and says so.
+        "backlog_bytes": backlog.get("backlog_bytes"),
+        "backlog_oldest_seconds": backlog.get("backlog_oldest_seconds"),
+        "backpressure": runtime.backpressure.refusal() if runtime else None,
         # "off" (every trace looked up), "loading" (traces written before the start being read back:
         # looked up meanwhile) or "ready" (traces new to the store need no lookup): traces/trace_filter.py
         "trace_filter": runtime.builder.filter_state() if runtime else None,
@@ -39,7 +48,9 @@ def readyz(request):
 def prometheus_metrics(request):
     runtime = get_runtime()
     if runtime is not None:
-        metrics.SPOOL_PENDING_BYTES.set(runtime.spool.pending_bytes)
+        runtime.backpressure.publish()
+        metrics.SPOOL_CACHE_BYTES.set(runtime.spool.cache_bytes)
+        metrics.DECOMPOSE_MEMORY_TRACES.set(len(runtime.builder.memory))
     return HttpResponse(generate_latest(), content_type=CONTENT_TYPE_LATEST)
 
 

@@ -244,8 +244,66 @@ def _sli_text(slo) -> str:
     return f"{slo.sli} ≤ {slo.threshold_ms:g} ms"
 
 
-def export(slos, *, selector: str | None = None, tpot_histogram: str = "request_time_per_output_token") -> Export:
-    """Rules for these SLOs. SLOs that cannot be expressed are listed in `skipped` with the reason."""
+# The platform's own health, over its /metrics (README "Overload and backpressure"): exports should become
+# queryable within seconds; these say when they do not.
+INGEST_LAG_P99_SECONDS = 30  # ticket: p99 from arrival to queryable rows over 5 minutes, for 10 minutes
+INGEST_STALLED_SECONDS = 300  # page: the oldest accepted export not queryable after 5 minutes, for 5 minutes
+
+
+def platform_rules(selector: str | None = None) -> dict:
+    """The rule group for the platform's own ingest: lag to queryable rows, a stalled backlog, shedding."""
+    sel = _selector(parse_selector(selector))
+    lag = (f"histogram_quantile(0.99, sum by (le, instance) "
+           f"(rate(observatory_ingest_queryable_lag_seconds_bucket{sel}[5m])))")
+    return {
+        "name": "observatory-platform-ingest",
+        "rules": [
+            {
+                "alert": "ObservatoryIngestLagHigh",
+                "expr": f"{lag} > {INGEST_LAG_P99_SECONDS}",
+                "for": "10m",
+                "labels": {"severity": "ticket"},
+                "annotations": {
+                    "summary": "LLM observatory: exports take too long to become queryable",
+                    "description": (f"p99 from an export's arrival to its request rows is {{{{ $value | humanize }}}}s "
+                                    f"(over {INGEST_LAG_P99_SECONDS}s for 10m) on {{{{ $labels.instance }}}}: the "
+                                    "decomposition or the ClickHouse writer is behind. See "
+                                    "observatory_decompose_pending_traces and observatory_span_writer_blocked_seconds_total."),
+                },
+            },
+            {
+                "alert": "ObservatoryIngestStalled",
+                "expr": f"max by (instance) (observatory_ingest_backlog_oldest_seconds{sel}) > {INGEST_STALLED_SECONDS}",
+                "for": "5m",
+                "labels": {"severity": "page"},
+                "annotations": {
+                    "summary": "LLM observatory: accepted spans are not becoming queryable",
+                    "description": ("The oldest accepted export on {{ $labels.instance }} has waited "
+                                    "{{ $value | humanizeDuration }} (ClickHouse unreachable, or the decomposition "
+                                    "stuck): requests and SLOs are stale. The data is safe in the spool."),
+                },
+            },
+            {
+                "alert": "ObservatoryIngestShedding",
+                "expr": f"sum by (instance) (rate(observatory_ingest_backpressure_refusals_total{sel}[5m])) > 0",
+                "for": "15m",
+                "labels": {"severity": "ticket"},
+                "annotations": {
+                    "summary": "LLM observatory: ingest refuses exports (overloaded)",
+                    "description": ("{{ $labels.instance }} has answered 503 / UNAVAILABLE to exports for 15m "
+                                    "because its backlog is beyond INGEST_BACKLOG_MAX_BYTES / _SECONDS: exporters "
+                                    "retry, but sustained refusals mean spans will be dropped by clients. Add "
+                                    "capacity or reduce sampling."),
+                },
+            },
+        ],
+    }
+
+
+def export(slos, *, selector: str | None = None, tpot_histogram: str = "request_time_per_output_token",
+           platform: bool = True, platform_selector: str | None = None) -> Export:
+    """Rules for these SLOs (and, with `platform`, the platform's own ingest). SLOs that cannot be
+    expressed are listed in `skipped` with the reason."""
     extra = parse_selector(selector)
     if tpot_histogram not in TPOT_HISTOGRAMS:
         raise ExportError(f"--tpot-histogram takes {' or '.join(TPOT_HISTOGRAMS)}")
@@ -262,4 +320,6 @@ def export(slos, *, selector: str | None = None, tpot_histogram: str = "request_
             continue
         groups.extend(slo_groups)
         warnings.extend(slo_warnings)
+    if platform:
+        groups.append(platform_rules(platform_selector))
     return Export({"groups": groups}, warnings, skipped)

@@ -145,6 +145,9 @@ class TraceMemory:
             while len(traces) > self.max_traces:
                 traces.popitem(last=False)
 
+    def __len__(self) -> int:
+        return len(self._traces)
+
     def get(self, project_id: int, trace_id: str) -> _Trace | None:
         with self._lock:
             return self._traces.get((project_id, trace_id))

@@ -177,3 +177,106 @@ def test_promtool_unit_test_pages_on_a_fast_burn_and_stays_quiet_when_healthy(al
     path.write_text(tests)
     result = subprocess.run([PROMTOOL, "test", "rules", str(path)], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr + tests
+
+
+def test_the_platform_ingest_alerts_come_with_the_rules_unless_asked_not_to(alpha):
+    text, _ = export("--platform-selector", 'job="observatory"')
+    groups = {g["name"]: g["rules"] for g in yaml.safe_load(text)["groups"]}
+    alerts = {r["alert"]: r for r in groups["observatory-platform-ingest"]}
+    assert set(alerts) == {"ObservatoryIngestLagHigh", "ObservatoryIngestStalled", "ObservatoryIngestShedding"}
+    assert 'observatory_ingest_queryable_lag_seconds_bucket{job="observatory"}[5m]' in alerts["ObservatoryIngestLagHigh"]["expr"]
+    assert alerts["ObservatoryIngestStalled"]["labels"] == {"severity": "page"}
+    text, _ = export("--no-platform-rules")
+    assert "observatory-platform-ingest" not in text
+
+
+@needs_promtool
+def test_promtool_unit_test_of_the_ingest_lag_and_stall_alerts(alpha, tmp_path):
+    """Exports that become queryable in 40-60 s for 15 minutes: the lag alert fires (p99 above 30 s for 10m);
+    the same within 1 s: quiet. A backlog whose oldest export waits ever longer: the stall page fires."""
+    rules = tmp_path / "rules.yaml"
+    export("--out", str(rules), "--project", "alpha")
+    alerts = {r["alert"]: r for g in yaml.safe_load(rules.read_text())["groups"] for r in g["rules"] if "alert" in r}
+
+    def annotations(name: str, **rendered: str) -> str:
+        """The alert's annotations with its templates as Prometheus renders them here."""
+        values = dict(alerts[name]["annotations"])
+        for template, text in rendered.items():
+            values["description"] = values["description"].replace("{{ %s }}" % template.replace("__", " | "), text)
+        values["description"] = values["description"].replace("{{ $labels.instance }}", "p:8000")
+        return yaml.safe_dump(values, default_flow_style=True, width=10_000).strip()
+
+    lag = annotations("ObservatoryIngestLagHigh", **{"$value__humanize": "59.7"})
+    stalled = annotations("ObservatoryIngestStalled", **{"$value__humanizeDuration": "12m 0s"})
+    shedding = annotations("ObservatoryIngestShedding")
+    tests = textwrap.dedent(f"""\
+        rule_files: [{rules}]
+        evaluation_interval: 1m
+        tests:
+          - interval: 1m
+            input_series:  # every export lands in the 30-60 s bucket
+              - series: 'observatory_ingest_queryable_lag_seconds_bucket{{le="30",instance="p:8000"}}'
+                values: '0+0x30'
+              - series: 'observatory_ingest_queryable_lag_seconds_bucket{{le="60",instance="p:8000"}}'
+                values: '0+50x30'
+              - series: 'observatory_ingest_queryable_lag_seconds_bucket{{le="+Inf",instance="p:8000"}}'
+                values: '0+50x30'
+              - series: 'observatory_ingest_backlog_oldest_seconds{{instance="p:8000"}}'
+                values: '0+60x30'
+            alert_rule_test:
+              - eval_time: 8m
+                alertname: ObservatoryIngestLagHigh
+                exp_alerts: []
+              - eval_time: 20m
+                alertname: ObservatoryIngestLagHigh
+                exp_alerts:
+                  - exp_labels: {{severity: ticket, instance: "p:8000"}}
+                    exp_annotations: {lag}
+              - eval_time: 6m
+                alertname: ObservatoryIngestStalled
+                exp_alerts: []
+              - eval_time: 12m
+                alertname: ObservatoryIngestStalled
+                exp_alerts:
+                  - exp_labels: {{severity: page, instance: "p:8000"}}
+                    exp_annotations: {stalled}
+          - interval: 1m
+            input_series:  # healthy: everything queryable within a second, nothing waiting
+              - series: 'observatory_ingest_queryable_lag_seconds_bucket{{le="1",instance="p:8000"}}'
+                values: '0+50x30'
+              - series: 'observatory_ingest_queryable_lag_seconds_bucket{{le="30",instance="p:8000"}}'
+                values: '0+50x30'
+              - series: 'observatory_ingest_queryable_lag_seconds_bucket{{le="+Inf",instance="p:8000"}}'
+                values: '0+50x30'
+              - series: 'observatory_ingest_backlog_oldest_seconds{{instance="p:8000"}}'
+                values: '0+0x30'
+              - series: 'observatory_ingest_backpressure_refusals_total{{reason="backlog_bytes",instance="p:8000"}}'
+                values: '0+0x30'
+            alert_rule_test:
+              - eval_time: 25m
+                alertname: ObservatoryIngestLagHigh
+                exp_alerts: []
+              - eval_time: 25m
+                alertname: ObservatoryIngestStalled
+                exp_alerts: []
+              - eval_time: 25m
+                alertname: ObservatoryIngestShedding
+                exp_alerts: []
+          - interval: 1m
+            input_series:  # refusing exports for 20 minutes
+              - series: 'observatory_ingest_backpressure_refusals_total{{reason="backlog_age",instance="p:8000"}}'
+                values: '0+12x30'
+            alert_rule_test:
+              - eval_time: 12m
+                alertname: ObservatoryIngestShedding
+                exp_alerts: []
+              - eval_time: 25m
+                alertname: ObservatoryIngestShedding
+                exp_alerts:
+                  - exp_labels: {{severity: ticket, instance: "p:8000"}}
+                    exp_annotations: {shedding}
+        """)
+    path = tmp_path / "tests.yaml"
+    path.write_text(tests)
+    result = subprocess.run([PROMTOOL, "test", "rules", str(path)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr + tests

@@ -9,7 +9,8 @@ from slo.models import SLO
 
 class Command(BaseCommand):
     help = ("Write Prometheus recording and alerting rules (multi-window burn rates, as Sloth/Pyrra) for the SLOs, "
-            "over vLLM's own metrics. Check them with `promtool check rules FILE`.")
+            "over vLLM's own metrics, and alerts on the platform's own ingest (lag to queryable rows, a stalled "
+            "backlog, shedding). Check them with `promtool check rules FILE`.")
 
     def add_arguments(self, parser):
         parser.add_argument("--project", action="append", default=[], help="only this project (repeatable)")
@@ -19,11 +20,17 @@ class Command(BaseCommand):
         parser.add_argument("--tpot-histogram", default="request_time_per_output_token",
                             choices=sorted(prometheus.TPOT_HISTOGRAMS),
                             help="TPOT SLIs: vLLM's per-request histogram (default) or the per-token inter_token_latency")
+        parser.add_argument("--platform-selector", default=None,
+                            help='label matchers for the platform\'s own series in its alerts (ingest lag, stalled '
+                                 'backlog, shedding), e.g. job="observatory"')
+        parser.add_argument("--no-platform-rules", action="store_true",
+                            help="leave out the platform's own ingest alerts (only the SLOs' rules)")
         parser.add_argument("--skip-unexportable", action="store_true",
                             help="write the SLOs that can be expressed and only warn about the others "
                                  "(default: refuse and write nothing)")
 
-    def handle(self, *args, project, out, selector, tpot_histogram, skip_unexportable, **options):
+    def handle(self, *args, project, out, selector, tpot_histogram, skip_unexportable, platform_selector,
+               no_platform_rules, **options):
         slos = SLO.objects.select_related("project").order_by("project__name", "name")
         if project:
             from tenancy.models import Project
@@ -33,7 +40,8 @@ class Command(BaseCommand):
                 raise CommandError(f"no project named {', '.join(missing)}")
             slos = slos.filter(project__name__in=project)
         try:
-            result = prometheus.export(list(slos), selector=selector, tpot_histogram=tpot_histogram)
+            result = prometheus.export(list(slos), selector=selector, tpot_histogram=tpot_histogram,
+                                       platform=not no_platform_rules, platform_selector=platform_selector)
         except prometheus.ExportError as exc:
             raise CommandError(str(exc)) from None
         for warning in result.warnings:
