@@ -67,3 +67,7 @@ SPOOL_CACHE_BYTES = Gauge(
 DECOMPOSE_MEMORY_TRACES = Gauge(
     "observatory_decompose_memory_traces",
     "Traces whose LLM calls the decomposition holds in memory (bounded: the backlog's limit plus one writer batch)")
+CLICKHOUSE_MEMORY_BYTES = Gauge(
+    "observatory_clickhouse_memory_tracked_bytes",
+    "Memory the embedded ClickHouse (chdb, in this process) accounts for (system.metrics MemoryTracking); "
+    "absent with a ClickHouse server")

@@ -112,6 +112,8 @@ class IngestService:
         # Threads waiting on this lock sleep; threads contending for the GIL instead force a switch
         # every 5 ms and lose ~30% of the throughput to the hand-offs between cores.
         self._cpu = threading.Lock()
+        self._refused: dict[str, int] = {}  # refusals since the last warning, by reason
+        self._refusal_logged = float("-inf")
 
     def _refusal(self) -> ExportOutcome | None:
         if self.backpressure is not None:
@@ -121,7 +123,23 @@ class IngestService:
         if reason is None:
             return None
         metrics.BACKPRESSURE_REFUSALS.labels(reason).inc()
+        self._note_refusal(reason)
         return ExportOutcome(503, message=_REFUSALS[reason], retry_after=self.retry_after)
+
+    def _note_refusal(self, reason: str) -> None:
+        """One warning every 30 s while exports are refused, with how many and why."""
+        now = time.monotonic()
+        self._refused[reason] = self._refused.get(reason, 0) + 1
+        if now - self._refusal_logged < 30:
+            return
+        self._refusal_logged = now
+        counts, self._refused = self._refused, {}
+        state = ""
+        if self.backpressure is not None:
+            state = (f" (backlog {self.backpressure.pending_bytes() / 1e6:.0f} MB, oldest "
+                     f"{self.backpressure.oldest_age():.0f} s)")
+        log.warning("ingest is refusing exports with 503 / UNAVAILABLE: %s%s", ", ".join(
+            f"{count} for {why}" for why, count in sorted(counts.items())), state)
 
     @property
     def protobuf_decoder(self) -> str:

@@ -168,10 +168,10 @@ INGEST = {
     # Backpressure (ingest/backpressure.py): exports get 503 / UNAVAILABLE while the data accepted but not
     # yet queryable is beyond either bound (0: no bound), except during a ClickHouse outage (then only the
     # spool's own bound applies).
-    "BACKLOG_MAX_BYTES": envint("INGEST_BACKLOG_MAX_BYTES", 512 * 1024 * 1024),
+    "BACKLOG_MAX_BYTES": envint("INGEST_BACKLOG_MAX_BYTES", 256 * 1024 * 1024),
     "BACKLOG_MAX_SECONDS": envfloat("INGEST_BACKLOG_MAX_SECONDS", 30.0),
     # The decomposition's backlog (traces/backlog.py): the writer waits while this many traces wait.
-    "DECOMPOSE_MAX_PENDING_TRACES": envint("INGEST_DECOMPOSE_MAX_PENDING_TRACES", 100_000),
+    "DECOMPOSE_MAX_PENDING_TRACES": envint("INGEST_DECOMPOSE_MAX_PENDING_TRACES", 50_000),
     # Traces per decomposition step; a step is the unit between checkpoints and the point where a stop lands.
     "DECOMPOSE_CHUNK_TRACES": envint("INGEST_DECOMPOSE_CHUNK_TRACES", 5000),
     # Spool records kept in memory for the writer (as spooled bytes; their in-memory memos add ~30%).
@@ -305,9 +305,11 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "filters": {"shedded_exports": {"()": "observatory.log_filters.SheddedExports"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": env("LOG_LEVEL", "INFO")},
     "loggers": {
+        "django.request": {"filters": ["shedded_exports"]},
         # uvicorn's own messages ("Started server process", each 503 at the connection limit) stay quiet
         # unless something goes wrong.
         "uvicorn.error": {"level": "WARNING"},

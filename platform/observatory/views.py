@@ -3,7 +3,7 @@ from django.http import HttpResponse, JsonResponse
 from django.views.decorators.http import require_GET
 from ingest import metrics
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from traces.store import get_store
+from traces.store import StoreUnavailable, get_store
 
 from .engine_link import fleet_state
 from .jsonapi import ApiError, json_view
@@ -51,6 +51,12 @@ def prometheus_metrics(request):
         runtime.backpressure.publish()
         metrics.SPOOL_CACHE_BYTES.set(runtime.spool.cache_bytes)
         metrics.DECOMPOSE_MEMORY_TRACES.set(len(runtime.builder.memory))
+        if runtime.store.embedded:
+            try:
+                tracked = runtime.store.system_query("SELECT value FROM system.metrics WHERE metric = 'MemoryTracking'")
+                metrics.CLICKHOUSE_MEMORY_BYTES.set(tracked[0][0] if tracked else 0)
+            except StoreUnavailable:
+                pass
     return HttpResponse(generate_latest(), content_type=CONTENT_TYPE_LATEST)
 
 

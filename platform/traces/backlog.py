@@ -35,7 +35,7 @@ class Chunk:
     """Traces taken for one decomposition step: {project: [(trace id, batch seq)]}."""
 
     traces: dict[int, list[tuple[str, int]]]
-    memos: list  # [(record, memo)] reported since the last take, to put in the trace memory first
+    memos: list  # [(project id, trace ids, memo)] reported since the last take, for the trace memory first
     taken_ms: int
 
     def __len__(self) -> int:
@@ -92,7 +92,8 @@ class DecompositionBacklog:
                     if key not in waiting:
                         waiting[key] = batch.seq
                         batch.waiting += 1
-            self._memos.extend(item for item in items if item[1] is not None)
+            # Only what the memory needs: the records' row blobs (~1 KB a span) are in ClickHouse now.
+            self._memos.extend((record[0], record[1], memo) for record, memo in items if memo is not None)
             self._append(batch)
 
     def add_recovered(self, project_id: int, traces: list[tuple[str, int]], slice_traces: int = 5000) -> int:

@@ -342,17 +342,17 @@ class RequestBuilder(threading.Thread):
         span) then holds up this thread, not the writer, whose next insert waits for it."""
         self.backlog.add_written(items, time.time_ns() // 1_000_000 if written_ms is None else written_ms)
 
-    def _remember(self, written: list[tuple[tuple, tuple | None]]) -> None:
+    def _remember(self, written: list[tuple[int, list[str], tuple]]) -> None:
         """Into the filter and the memory, in the order the records were written (the filter tells the
-        traces new to the store from the first record that holds them)."""
-        for record, memo in written:
+        traces new to the store from the first record that holds them): [(project id, trace ids, memo)]."""
+        for project_id, trace_ids, memo in written:
             new = ()
             if self.filter is not None:
-                seen = self.filter.check_and_add(record[0], record[1])
+                seen = self.filter.check_and_add(project_id, trace_ids)
                 if not seen.all():
-                    new = {t for t, s in zip(record[1], seen.tolist()) if not s}
+                    new = {t for t, s in zip(trace_ids, seen.tolist()) if not s}
             calls, edges, retention_days = memo
-            self.memory.add(record[0], retention_days, calls, edges, new)
+            self.memory.add(project_id, retention_days, calls, edges, new)
 
     def mark_dirty(self, project_id: int, trace_ids) -> None:
         """Decompose these traces again (as if just written)."""

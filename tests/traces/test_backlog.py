@@ -79,7 +79,7 @@ def test_a_failed_chunk_waits_again_in_its_place_and_nothing_is_counted_twice():
     backlog = DecompositionBacklog(max_traces=100)
     backlog.add_written([(record(["a", "b", "c"]), ("memo",))], written_ms=1000)
     chunk = backlog.take(2)
-    assert chunk.memos == [(record(["a", "b", "c"]), ("memo",))]
+    assert chunk.memos == [(PROJECT, ["a", "b", "c"], ("memo",))]  # not the record's row blobs
     backlog.add_written([(record(["b"]), None)], written_ms=2000)  # b reported again meanwhile
     backlog.put_back(chunk)
     again = backlog.take(10)

@@ -92,3 +92,31 @@ def chain_batch(traces: int, rng: random.Random, base_ns: int | None = None) -> 
                            ("gen_ai.latency.time_in_model_inference", prefill + decode)):
             add_attribute(e.attributes, key, value)
     return request.SerializeToString(), trace_ids
+
+
+class ChainTemplate:
+    """chain_batch payloads at the cost of a copy: one batch is built, and each call stamps fresh random trace
+    ids into a copy of its bytes (span ids repeat across batches, which is fine: spans are keyed by trace and
+    span id). For load that must outpace the platform (~0.5 ms a 999-span batch instead of ~25 ms)."""
+
+    def __init__(self, traces: int = 333, seed: int = 1, base_ns: int | None = None):
+        self.payload, ids = chain_batch(traces, random.Random(seed), base_ns)
+        self.offsets: list[list[int]] = []
+        for trace_id in ids:
+            raw = bytes.fromhex(trace_id)
+            found, at = [], self.payload.find(raw)
+            while at != -1:
+                found.append(at)
+                at = self.payload.find(raw, at + 1)
+            assert len(found) == 3, "a trace id's bytes must appear once per span of its chain"
+            self.offsets.append(found)
+
+    def batch(self) -> tuple[bytes, list[str]]:
+        buf = bytearray(self.payload)
+        ids = []
+        for offsets in self.offsets:
+            raw = os.urandom(16)
+            for at in offsets:
+                buf[at:at + 16] = raw
+            ids.append(raw.hex())
+        return bytes(buf), ids
