@@ -194,3 +194,50 @@ def stored_span_counts(chdb_path: str, trace_ids: list[str], database: str = "ob
     if out.returncode != 0:
         raise RuntimeError(out.stderr[-3000:])
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def stored_trace_totals(chdb_path: str, acked: list[str], database: str = "observatory") -> dict[str, int]:
+    """What a stopped platform's store holds, against the trace ids it acknowledged: span rows (distinct and
+    after FINAL), traces with spans (all, and among `acked`), live request rows, their distinct traces, and
+    those complete (client → gateway → engine, every component known). Per-trace figures are read out and
+    compared here (an IN over hundreds of thousands of ids would be checked row by row)."""
+    code = textwrap.dedent(f"""
+        import json, sys
+        import clickhouse_connect
+        client = clickhouse_connect.get_client(dsn="chdb://" + sys.argv[1])
+        db = "`{database}`"
+        spans = client.query(f"SELECT trace_id, uniqExact(span_id) FROM {{db}}.spans GROUP BY trace_id").result_rows
+        final = client.query(f"SELECT count() FROM {{db}}.spans FINAL").result_rows[0][0]
+        requests = client.query(
+            f"SELECT trace_id, count(), countIf(length(JSONExtractArrayRaw(hops)) = 3 AND network_ms IS NOT NULL "
+            f"AND overhead_ms IS NOT NULL AND queue_ms IS NOT NULL AND prefill_ms IS NOT NULL "
+            f"AND decode_ms IS NOT NULL) FROM {{db}}.llm_requests FINAL WHERE is_deleted = 0 GROUP BY trace_id"
+        ).result_rows
+        print(json.dumps({{"spans": spans, "final": final, "requests": requests}}))
+    """)
+    out = subprocess.run([sys.executable, "-c", code, str(chdb_path)], capture_output=True, text=True, timeout=600)
+    if out.returncode != 0:
+        raise RuntimeError(out.stderr[-3000:])
+    stored = json.loads(out.stdout.strip().splitlines()[-1])
+    wanted = set(acked)
+    span_traces = {trace_id for trace_id, _ in stored["spans"]}
+    return {
+        "spans": sum(n for _, n in stored["spans"]),
+        "span_traces": len(span_traces),
+        "span_traces_acked": len(span_traces & wanted),
+        "spans_final": stored["final"],
+        "requests": sum(n for _, n, _ in stored["requests"]),
+        "request_traces": len({trace_id for trace_id, _, _ in stored["requests"]}),
+        "requests_complete": sum(c for trace_id, _, c in stored["requests"] if trace_id in wanted),
+    }
+
+
+def assert_stored_exactly_once(chdb_path: str, acked: list[str], spans_per_trace: int = 3) -> dict[str, int]:
+    """Every acknowledged trace is stored once, with its one complete request row, and nothing else is."""
+    totals = stored_trace_totals(chdb_path, acked)
+    n = len(set(acked))
+    assert len(acked) == n, "the same trace was acknowledged twice"
+    expected = {"spans": spans_per_trace * n, "span_traces": n, "span_traces_acked": n,
+                "spans_final": spans_per_trace * n, "requests": n, "request_traces": n, "requests_complete": n}
+    assert totals == expected, totals
+    return totals
