@@ -47,7 +47,7 @@ BACKLOG_OLDEST_SECONDS = Gauge(
 QUERYABLE_LAG_SECONDS = Histogram(
     "observatory_ingest_queryable_lag_seconds",
     "From an export's arrival to its request rows being stored (queryable), per export",
-    buckets=(0.1, 0.25, 0.5, 1, 2, 3, 5, 10, 20, 30, 60, 120, 300, 600),
+    buckets=(0.05, 0.1, 0.25, 0.5, 0.75, 1, 1.5, 2, 3, 5, 7.5, 10, 15, 20, 30, 60, 120, 300, 600),
 )
 WRITER_BLOCKED_SECONDS = Counter(
     "observatory_span_writer_blocked_seconds",
