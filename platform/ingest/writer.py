@@ -97,15 +97,19 @@ class SpanWriter(threading.Thread):
                 self._insert_started_ms = time.time_ns() // 1_000_000
                 try:
                     refused = self._write(records)
-                    # Report before committing: after a crash in between, the replay reports again. Records
-                    # ClickHouse refused (dead-lettered) are not stored, so not reported.
+                    # Records ClickHouse refused (dead-lettered) are not stored, so not reported. The memos go
+                    # with the commit (it frees the spool's cache): take them first.
+                    written = [(r, self.spool.memo(position)) for position, r in records if position not in refused]
+                    # Commit, then report: the bytes move from the spool's count to the decomposition's without
+                    # being counted twice while the commit syncs (backpressure reads the sum). A crash in
+                    # between loses no work: until the report, insert_in_flight() holds the decomposition's
+                    # checkpoint before this insert, and a restart rebuilds what was stored since.
+                    self.spool.commit(next_position)
+                    self.position = next_position
                     if self.on_written is not None:
-                        self.on_written([(r, self.spool.memo(position)) for position, r in records
-                                         if position not in refused], self._insert_started_ms)
+                        self.on_written(written, self._insert_started_ms)
                 finally:
                     self._insert_started_ms = None
-                self.spool.commit(next_position)
-                self.position = next_position
                 metrics.SPOOL_PENDING_BYTES.set(self.spool.pending_bytes)
                 self.store_unavailable = False
                 backoff = 0.1
