@@ -101,3 +101,26 @@ def fresh_platform_factory():
     yield factory
     for cleanup in reversed(cleanups):
         cleanup()
+
+
+@pytest.fixture
+def platform_process():
+    """platform_process(**PlatformProcess kwargs) → a PlatformProcess of the test's own, with a fresh PostgreSQL
+    database in server mode (a bare PlatformProcess would share DATABASE_URL's database with every other);
+    all stopped, and their databases dropped, afterwards."""
+    made = []
+
+    def factory(**kwargs):
+        env = dict(kwargs.pop("extra_env", None) or {})
+        database = _server_mode_database()
+        if database:
+            env["DATABASE_URL"] = database[1]
+        process = PlatformProcess(extra_env=env, **kwargs)
+        made.append((process, database))
+        return process
+
+    yield factory
+    for process, database in reversed(made):
+        process.stop()
+        if database:
+            _drop_database(database[0], database[1])

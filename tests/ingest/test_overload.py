@@ -35,8 +35,8 @@ def started(platform: PlatformProcess, timeout: float = 120) -> PlatformProcess:
     return platform
 
 
-def test_sustained_overload_keeps_memory_flat_pushes_back_and_stores_every_acked_span_once(tmp_path):
-    platform = PlatformProcess(data_dir=str(tmp_path / "data"), extra_env=SMALL_BOUNDS)
+def test_sustained_overload_keeps_memory_flat_pushes_back_and_stores_every_acked_span_once(tmp_path, platform_process):
+    platform = platform_process(data_dir=str(tmp_path / "data"), extra_env=SMALL_BOUNDS)
     key, _ = platform.setup()
     started(platform)
     try:
@@ -76,8 +76,8 @@ def test_sustained_overload_keeps_memory_flat_pushes_back_and_stores_every_acked
 
 
 @pytest.mark.parametrize("cycles", [10])
-def test_sigterm_at_a_large_backlog_exits_cleanly_every_time_and_resumes(tmp_path, cycles):
-    platform = PlatformProcess(data_dir=str(tmp_path / "data"), extra_env={"LOG_LEVEL": "INFO"})
+def test_sigterm_at_a_large_backlog_exits_cleanly_every_time_and_resumes(tmp_path, platform_process, cycles):
+    platform = platform_process(data_dir=str(tmp_path / "data"), extra_env={"LOG_LEVEL": "INFO"})
     key, _ = platform.setup()
     acked: list[str] = []
     exits = []
@@ -118,9 +118,9 @@ def test_sigterm_at_a_large_backlog_exits_cleanly_every_time_and_resumes(tmp_pat
     assert_stored_exactly_once(str(Path(platform.data_dir) / "chdb"), acked)
 
 
-def test_the_backlog_is_reported_while_it_waits(tmp_path):
+def test_the_backlog_is_reported_while_it_waits(tmp_path, platform_process):
     """/readyz and /metrics tell traces and bytes waiting and the oldest one's age, also mid-backlog."""
-    platform = PlatformProcess(data_dir=str(tmp_path / "data"), extra_env={"INGEST_DECOMPOSE_INTERVAL_SECONDS": "3600"})
+    platform = platform_process(data_dir=str(tmp_path / "data"), extra_env={"INGEST_DECOMPOSE_INTERVAL_SECONDS": "3600"})
     key, _ = platform.setup()
     started(platform)
     try:

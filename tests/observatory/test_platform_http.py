@@ -12,7 +12,6 @@ import time
 from pathlib import Path
 
 import pytest
-from observatory.bench.harness import PlatformProcess
 from observatory.bench.payloads import ChainTemplate
 from otlp_live_helpers import assert_stored_exactly_once, readyz
 
@@ -35,8 +34,8 @@ def timed(call) -> float:
     return time.perf_counter() - started
 
 
-def test_two_thousand_idle_or_slow_connections_leave_the_port_answering(tmp_path, enough_files):
-    platform = PlatformProcess(data_dir=str(tmp_path / "data"))
+def test_two_thousand_idle_or_slow_connections_leave_the_port_answering(tmp_path, platform_process, enough_files):
+    platform = platform_process(data_dir=str(tmp_path / "data"))
     key, token = platform.setup()
     platform.start()
     held: list[socket.socket] = []
@@ -93,8 +92,8 @@ def test_two_thousand_idle_or_slow_connections_leave_the_port_answering(tmp_path
         platform.stop()
 
 
-def test_every_export_in_flight_at_sigterm_gets_an_answer(tmp_path):
-    platform = PlatformProcess(data_dir=str(tmp_path / "data"))
+def test_every_export_in_flight_at_sigterm_gets_an_answer(tmp_path, platform_process):
+    platform = platform_process(data_dir=str(tmp_path / "data"))
     key, _ = platform.setup()
     platform.start()
     template = ChainTemplate(traces=333)
