@@ -68,6 +68,8 @@ INSTALLED_APPS = [
     "alerts",
     "notify",
     "observatory",
+    # Login throttling (README "Login and token throttling"); its tables hold the failed attempts and lockouts.
+    "axes",
 ]
 
 MIDDLEWARE = [
@@ -78,7 +80,11 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "observatory.middleware.ApiMethods",
+    # Last, as django-axes asks: it answers the locked-out login attempts.
+    "axes.middleware.AxesMiddleware",
 ]
+AUTHENTICATION_BACKENDS = ["axes.backends.AxesStandaloneBackend", "django.contrib.auth.backends.ModelBackend"]
 
 ROOT_URLCONF = "observatory.urls"
 WSGI_APPLICATION = "observatory.wsgi.application"
@@ -292,6 +298,33 @@ ALERTS = {
     "REGRESSION_REPEAT_INTERVAL_SECONDS": envfloat("ALERTS_REGRESSION_REPEAT_INTERVAL_SECONDS", 4 * 3600.0),
     # Base URL put in notifications (links to /api/v1/alerts/<fingerprint>); empty: no link.
     "PUBLIC_URL": env("OBSERVATORY_PUBLIC_URL", "") or "",
+}
+
+# Failed authentication (tenancy/throttle.py): API tokens per client address; logins per user and address
+# (django-axes, below).
+API_AUTH = {
+    "FAILURE_LIMIT": envint("API_AUTH_FAILURE_LIMIT", 20),
+    "FAILURE_WINDOW_SECONDS": envint("API_AUTH_FAILURE_WINDOW_SECONDS", 60),
+    "COOLOFF_SECONDS": envint("API_AUTH_COOLOFF_SECONDS", 60),
+}
+# Reverse proxies in front of the platform whose X-Forwarded-For is believed (0: the socket's address is the
+# client's).
+TRUSTED_PROXIES = envint("OBSERVATORY_TRUSTED_PROXIES", 0)
+# Logins (the admin's, the dashboard's): after LOGIN_FAILURE_LIMIT wrong passwords for one user from one address,
+# that user is locked out from that address for LOGIN_COOLOFF_MINUTES (429); `manage.py axes_reset_username
+# NAME` (or axes_reset_ip, axes_reset) unlocks at once.
+AXES_FAILURE_LIMIT = envint("LOGIN_FAILURE_LIMIT", 5)
+AXES_COOLOFF_TIME = __import__("datetime").timedelta(minutes=envfloat("LOGIN_COOLOFF_MINUTES", 15.0))
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_CLIENT_IP_CALLABLE = "tenancy.throttle.axes_client_address"
+AXES_RESET_ON_SUCCESS = True
+AXES_HTTP_RESPONSE_CODE = 429
+# The throttles' counters: this process's memory by default; CACHE_URL=redis://host:6379/1 shares them between
+# platform processes.
+CACHE_URL = env("CACHE_URL", "") or ""
+CACHES = {
+    "default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": CACHE_URL}
+    if CACHE_URL else {"BACKEND": "django.core.cache.backends.locmem.LocMemCache", "LOCATION": "observatory"}
 }
 
 LANGUAGE_CODE = "en-us"

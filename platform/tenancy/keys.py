@@ -2,11 +2,13 @@
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import threading
 import time
 
 from django.conf import settings
 from django.db.models import Q
+from django.utils import timezone
 
 from .models import ROLE_RANK, ApiToken, IngestKey, Membership, Role, hash_secret
 
@@ -78,7 +80,16 @@ class ApiIdentity:
         return role is not None and ROLE_RANK[Role(role)] >= ROLE_RANK[Role(needed)]
 
 
+class TokenExpired(Exception):
+    """A known API token past its expiry; the message says when it expired."""
+
+
+LAST_USED_RESOLUTION = dt.timedelta(minutes=1)
+
+
 def resolve_api_token(raw: str | None) -> ApiIdentity | None:
+    """The identity of an API token, or None (unknown, revoked, inactive user); TokenExpired when it expired.
+    Notes when it was used, to the minute (one write a minute per token at most)."""
     if not raw or len(raw) > 200:
         return None
     token = (
@@ -88,6 +99,13 @@ def resolve_api_token(raw: str | None) -> ApiIdentity | None:
     )
     if token is None:
         return None
+    now = timezone.now()
+    if token.expires_at is not None and token.expires_at <= now:
+        raise TokenExpired(f"this API token ({token.display_prefix}…) expired at "
+                           f"{token.expires_at.isoformat().replace('+00:00', 'Z')}; "
+                           "create a new one (manage.py create_api_token)")
+    if token.last_used_at is None or now - token.last_used_at >= LAST_USED_RESOLUTION:
+        ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
     cap = ROLE_RANK[Role(token.role)]
     projects: dict[int, str] = {}
     names: dict[str, int] = {}

@@ -76,14 +76,26 @@ class ApiToken(models.Model):
     display_prefix = models.CharField(max_length=16)
     token_hash = models.CharField(max_length=64, unique=True)
     created_at = models.DateTimeField(default=timezone.now)
+    # Kept to the minute (tenancy.keys): when the token last authenticated a request.
     last_used_at = models.DateTimeField(null=True, blank=True)
+    # None: never expires. An expired token is refused with 401 saying so.
+    expires_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
 
     @classmethod
-    def issue(cls, user, role: str, name: str = "") -> tuple["ApiToken", str]:
+    def issue(cls, user, role: str, name: str = "", expires_at=None) -> tuple["ApiToken", str]:
         raw = cls.PREFIX + _secrets.token_urlsafe(32)
-        token = cls.objects.create(user=user, role=role, name=name, display_prefix=raw[:12], token_hash=hash_secret(raw))
+        token = cls.objects.create(user=user, role=role, name=name, display_prefix=raw[:12], token_hash=hash_secret(raw),
+                                   expires_at=expires_at)
         return token, raw
+
+    @property
+    def state(self) -> str:
+        if self.revoked_at is not None:
+            return "revoked"
+        if self.expires_at is not None and self.expires_at <= timezone.now():
+            return "expired"
+        return "active"
 
     def revoke(self) -> None:
         self.revoked_at = timezone.now()

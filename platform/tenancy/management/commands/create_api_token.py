@@ -1,7 +1,12 @@
-"""`manage.py create_api_token --user NAME [--role viewer|operator|admin] [--project NAME]`: print a new API token."""
+"""`manage.py create_api_token --user NAME [--role viewer|operator|admin] [--project NAME] [--expires-in 90d]`: print a new
+API token."""
+import datetime as dt
+
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
+from django.utils import timezone
+from observatory.inputs import parse_duration
 
 from tenancy.models import ApiToken, Membership, Project, Role
 
@@ -17,8 +22,17 @@ class Command(BaseCommand):
         parser.add_argument("--role", default=Role.VIEWER, choices=[r.value for r in Role])
         parser.add_argument("--project", action="append", default=[], help="grant the role in this project (repeatable)")
         parser.add_argument("--name", default="")
+        parser.add_argument("--expires-in", default=None, metavar="DURATION",
+                            help="the token expires this long from now (e.g. 30d, 12h; 1m to 3650d); default: never")
 
-    def handle(self, *args, user, role, project, name, **options):
+    def handle(self, *args, user, role, project, name, expires_in=None, **options):
+        expires_at = None
+        if expires_in is not None:
+            try:
+                expires_at = timezone.now() + parse_duration(
+                    expires_in, minimum=dt.timedelta(minutes=1), maximum=dt.timedelta(days=3650))
+            except ValueError as exc:
+                raise CommandError(f"--expires-in: {exc}") from None
         # Every project is checked before anything is written: a typo must not leave a user behind.
         projects = []
         for project_name in project:
@@ -32,5 +46,5 @@ class Command(BaseCommand):
                 projects = list(Project.objects.all())
             for proj in projects:
                 Membership.objects.update_or_create(user=account, project=proj, defaults={"role": role})
-            _, raw = ApiToken.issue(account, role=role, name=name)
+            _, raw = ApiToken.issue(account, role=role, name=name, expires_at=expires_at)
         self.stdout.write(raw)
