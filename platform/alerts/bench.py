@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> None:
     tmp = tempfile.TemporaryDirectory(prefix="alerts-bench-")
     os.environ["OBSERVATORY_DATA_DIR"] = tmp.name
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "observatory.settings")
-    os.environ["NOTIFY_ALLOW_PRIVATE_DESTINATIONS"] = "127.0.0.1"
+    os.environ["NOTIFY_ALLOW_PRIVATE_DESTINATIONS"] = "127.0.0.1:1024-65535"
     os.environ.pop("DATABASE_URL", None)
     os.environ.pop("CLICKHOUSE_URL", None)
     os.environ.setdefault("LOG_LEVEL", "WARNING")

@@ -3,7 +3,10 @@
 A destination URL must be http or https. Its host is resolved here and every address is checked: private,
 loopback, link-local, multicast, reserved, unspecified, carrier-grade NAT and cloud-metadata addresses are
 refused (IPv4 addresses embedded in IPv6 — mapped, 6to4, Teredo, NAT64 — are judged as the IPv4 address),
-unless ``NOTIFY["ALLOW_PRIVATE_DESTINATIONS"]`` lists a matching CIDR, address or host name. The connection
+unless ``NOTIFY["ALLOW_PRIVATE_DESTINATIONS"]`` lists a matching CIDR, address or host name with the
+destination's port (``127.0.0.1:9093``, ``10.0.0.0/8:443``, ``[fd00::/8]:8080-8090``, ``hooks.internal:443``):
+an entry opens one port or range, never a whole host, so a channel cannot be pointed at another service of
+an allowed host (the platform's own ports included) and have its answer read back. The connection
 then goes to the checked address itself (no second DNS lookup that a rebinding attacker could answer
 differently), with the original Host header and TLS server name. Redirects are followed by hand, each
 target checked the same way, at most ``MAX_REDIRECTS``. Proxies from the environment are never used (plain
@@ -44,10 +47,45 @@ class RequestTimeout(TransportError):
     """No (complete) answer within the connect, read or total time limit. Transient."""
 
 
+class AllowListError(ValueError):
+    """An entry of NOTIFY_ALLOW_PRIVATE_DESTINATIONS that cannot be used; the message says how to write it."""
+
+
+def parse_allow_entry(entry: str) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network | str, int, int]:
+    """`ADDRESS_OR_CIDR_OR_HOST:PORT` or `…:LOW-HIGH` (IPv6 in brackets) → (network or host name, low, high)."""
+    text = entry.strip()
+    if text.startswith("["):
+        target, sep, ports = text[1:].partition("]:")
+    else:
+        target, sep, ports = text.rpartition(":")
+    if not sep or not target or not ports:
+        raise AllowListError(
+            f"NOTIFY_ALLOW_PRIVATE_DESTINATIONS entry {entry!r} has no port: write it as ADDRESS:PORT, CIDR:PORT or "
+            f"HOST:PORT (a range LOW-HIGH is allowed; IPv6 in brackets, e.g. [fd00::/8]:443), so that it opens the "
+            f"service meant and not every port of the host")
+    low, _, high = ports.partition("-")
+    try:
+        lo, hi = int(low), int(high or low)
+    except ValueError:
+        raise AllowListError(f"NOTIFY_ALLOW_PRIVATE_DESTINATIONS entry {entry!r}: {ports!r} is not a port or "
+                             "a range LOW-HIGH") from None
+    if not 1 <= lo <= hi <= 65535:
+        raise AllowListError(f"NOTIFY_ALLOW_PRIVATE_DESTINATIONS entry {entry!r}: ports are 1 to 65535, low ≤ high")
+    try:
+        return ipaddress.ip_network(target, strict=False), lo, hi
+    except ValueError:
+        host = target.lower().rstrip(".")
+        if not host or any(c in host for c in "/ []"):
+            raise AllowListError(f"NOTIFY_ALLOW_PRIVATE_DESTINATIONS entry {entry!r}: {target!r} is not an "
+                                 "address, a CIDR or a host name") from None
+        return host, lo, hi
+
+
 @dataclasses.dataclass(frozen=True)
 class Policy:
+    # ((network, low port, high port), ...) and ((host name, low port, high port), ...)
     allow_networks: tuple = ()
-    allow_hosts: frozenset = frozenset()
+    allow_hosts: tuple = ()
     connect_timeout: float = 5.0
     read_timeout: float = 10.0
     total_timeout: float = 30.0
@@ -56,17 +94,22 @@ class Policy:
 
     @classmethod
     def from_allow_list(cls, entries, **kwargs) -> "Policy":
-        """Entries are CIDRs ("10.0.0.0/8"), addresses ("127.0.0.1") or host names ("hooks.internal")."""
-        networks, hosts = [], set()
+        """Entries are `CIDR:PORT` ("10.0.0.0/8:443"), `ADDRESS:PORT` ("127.0.0.1:9093", "[::1]:9093") or
+        `HOST:PORT` ("hooks.internal:8443"); a port may be a range LOW-HIGH. AllowListError otherwise."""
+        networks, hosts = [], []
         for entry in entries or ():
-            entry = str(entry).strip()
-            if not entry:
+            if not str(entry).strip():
                 continue
-            try:
-                networks.append(ipaddress.ip_network(entry.strip("[]"), strict=False))
-            except ValueError:
-                hosts.add(entry.lower().rstrip("."))
-        return cls(allow_networks=tuple(networks), allow_hosts=frozenset(hosts), **kwargs)
+            target, lo, hi = parse_allow_entry(str(entry))
+            (hosts if isinstance(target, str) else networks).append((target, lo, hi))
+        return cls(allow_networks=tuple(networks), allow_hosts=tuple(hosts), **kwargs)
+
+    def allows_host(self, host: str, port: int) -> bool:
+        return any(name == host and lo <= port <= hi for name, lo, hi in self.allow_hosts)
+
+    def allows_ip(self, ip, port: int, *, exact: bool = False) -> bool:
+        return any(ip in net and lo <= port <= hi and (not exact or net.num_addresses == 1)
+                   for net, lo, hi in self.allow_networks)
 
 
 def policy_from_settings() -> Policy:
@@ -136,22 +179,26 @@ def _category(ip: IPAddress) -> str | None:
     return None
 
 
-def forbidden_reason(ip: IPAddress, host: str, policy: Policy) -> str | None:
-    """Why connecting to ``ip`` (resolved from ``host``) is refused, or None when it is allowed."""
+def forbidden_reason(ip: IPAddress, host: str, policy: Policy, port: int) -> str | None:
+    """Why connecting to ``ip`` (resolved from ``host``) on ``port`` is refused, or None when it is allowed."""
     embedded = _embedded_ipv4(ip)
     if ip in METADATA_ADDRESSES or (embedded is not None and embedded in METADATA_ADDRESSES):
         # Only an exact entry opens a metadata endpoint: a broad CIDR such as 169.254.0.0/16 does not.
-        exact = any(net.num_addresses == 1 and (ip in net or (embedded is not None and embedded in net))
-                    for net in policy.allow_networks)
+        exact = policy.allows_ip(ip, port, exact=True) or (
+            embedded is not None and policy.allows_ip(embedded, port, exact=True))
         return None if exact else "a cloud metadata address"
-    if host in policy.allow_hosts or any(ip in net for net in policy.allow_networks):
+    if policy.allows_host(host, port) or policy.allows_ip(ip, port):
         return None
     if embedded is not None:
-        if any(embedded in net for net in policy.allow_networks):
+        if policy.allows_ip(embedded, port):
             return None
         reason = _category(embedded)
         return f"{reason} (IPv4 {embedded} inside IPv6)" if reason else None
-    return _category(ip)
+    reason = _category(ip)
+    if reason and (any(ip in net for net, _, _ in policy.allow_networks)
+                   or any(name == host for name, _, _ in policy.allow_hosts)):
+        return f"{reason} on a port its allow-list entry does not open ({port})"
+    return reason
 
 
 def check_url(url: str, policy: Policy, *, resolve: bool = True) -> Target:
@@ -174,7 +221,7 @@ def check_url(url: str, policy: Policy, *, resolve: bool = True) -> Target:
     if not host:
         raise RequestRefused("the URL has no host")
     port = port or (443 if scheme == "https" else 80)
-    if host in METADATA_HOSTS and host not in policy.allow_hosts:
+    if host in METADATA_HOSTS and not policy.allows_host(host, port):
         raise RequestRefused(f"refused: {host} is a cloud metadata endpoint")
     try:
         literal = ipaddress.ip_address(host)
@@ -196,7 +243,7 @@ def check_url(url: str, policy: Policy, *, resolve: bool = True) -> Target:
                 candidates.append(ip)
     allowed, refused = [], []
     for ip in candidates:
-        reason = forbidden_reason(ip, host, policy)
+        reason = forbidden_reason(ip, host, policy, port)
         (refused if reason else allowed).append((ip, reason))
     if candidates and not allowed:
         ip, reason = refused[0]

@@ -14,4 +14,4 @@ def project():
 @pytest.fixture
 def local_receivers(settings):
     """Let deliveries reach the tests' receivers on 127.0.0.1, which the SSRF rules refuse otherwise."""
-    settings.NOTIFY = {**settings.NOTIFY, "ALLOW_PRIVATE_DESTINATIONS": ["127.0.0.1"], "READ_TIMEOUT_SECONDS": 2.0}
+    settings.NOTIFY = {**settings.NOTIFY, "ALLOW_PRIVATE_DESTINATIONS": ["127.0.0.1:1024-65535"], "READ_TIMEOUT_SECONDS": 2.0}

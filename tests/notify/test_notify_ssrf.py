@@ -9,7 +9,7 @@ from notify import http_client
 from notify.http_client import Policy, RequestRefused, TransportError
 from notify_receivers import Receiver, Reply
 
-ALLOW_LOCAL = Policy.from_allow_list(["127.0.0.1"])
+ALLOW_LOCAL = Policy.from_allow_list(["127.0.0.1:1024-65535"])
 NOBODY = Policy.from_allow_list([])
 
 
@@ -54,13 +54,13 @@ def test_a_name_resolving_to_loopback_is_refused():
     "http://metadata.google.internal/computeMetadata/v1/",
 ])
 def test_cloud_metadata_is_refused_even_when_link_local_is_allowed(url):
-    broad = Policy.from_allow_list(["169.254.0.0/16", "fd00::/8", "::ffff:0:0/96"])
+    broad = Policy.from_allow_list(["169.254.0.0/16:1-65535", "[fd00::/8]:1-65535", "[::ffff:0:0/96]:1-65535"])
     assert "metadata" in refused(url, broad)
 
 
 def test_metadata_needs_an_exact_allow_list_entry():
-    exact = Policy.from_allow_list(["169.254.169.254"])
-    assert http_client.forbidden_reason(ipaddress.ip_address("169.254.169.254"), "x", exact) is None
+    exact = Policy.from_allow_list(["169.254.169.254:80"])
+    assert http_client.forbidden_reason(ipaddress.ip_address("169.254.169.254"), "x", exact, 80) is None
 
 
 @pytest.mark.parametrize("url", ["ftp://example.com/x", "file:///etc/passwd", "gopher://example.com:70/",
@@ -77,7 +77,7 @@ def test_malformed_urls_are_refused(url, reason):
 
 def test_public_addresses_pass_the_check():
     for address in ("8.8.8.8", "1.1.1.1", "2606:4700:4700::1111"):
-        assert http_client.forbidden_reason(ipaddress.ip_address(address), address, NOBODY) is None
+        assert http_client.forbidden_reason(ipaddress.ip_address(address), address, NOBODY, 443) is None
 
 
 def test_allow_list_admits_the_local_receiver_and_keeps_host_header():
@@ -95,7 +95,7 @@ def test_allow_list_admits_the_local_receiver_and_keeps_host_header():
 
 def test_allow_list_by_host_name():
     with Receiver() as receiver:
-        named = Policy.from_allow_list(["localhost"])
+        named = Policy.from_allow_list(["localhost:1024-65535"])
         assert http_client.request(f"http://localhost:{receiver.port}/", b"{}", {}, named).status == 200
         assert "127.0.0.1 is a loopback" in refused(receiver.url, named)
 
@@ -110,7 +110,7 @@ def test_redirect_to_a_private_address_is_refused():
 def test_redirect_to_loopback_is_refused_when_only_the_first_host_is_allowed():
     with Receiver() as receiver:
         receiver.default = Reply(307, {"Location": f"http://127.0.0.1:{receiver.port}/elsewhere"})
-        message = refused(f"http://localhost:{receiver.port}/start", Policy.from_allow_list(["localhost"]))
+        message = refused(f"http://localhost:{receiver.port}/start", Policy.from_allow_list(["localhost:1024-65535"]))
     assert "redirect to http://127.0.0.1" in message and "loopback" in message
 
 
@@ -151,7 +151,7 @@ def test_a_stalled_body_does_not_undo_the_status():
         conn.close()
 
     threading.Thread(target=serve, daemon=True).start()
-    policy = Policy.from_allow_list(["127.0.0.1"], read_timeout=0.3)
+    policy = Policy.from_allow_list(["127.0.0.1:1024-65535"], read_timeout=0.3)
     response = http_client.request(f"http://127.0.0.1:{listener.getsockname()[1]}/", b"{}", {}, policy)
     listener.close()
     assert response.status == 200 and response.body == b"partial"
@@ -168,11 +168,11 @@ def test_proxies_from_the_environment_are_ignored(monkeypatch):
 
 
 def test_read_timeout_and_total_timeout():
-    slow = Policy.from_allow_list(["127.0.0.1"], read_timeout=0.3, total_timeout=5)
+    slow = Policy.from_allow_list(["127.0.0.1:1024-65535"], read_timeout=0.3, total_timeout=5)
     with Receiver(default=Reply(200, delay=2.0)) as receiver:
         with pytest.raises(TransportError, match="timed out"):
             http_client.request(receiver.url, b"{}", {}, slow)
-    capped = Policy.from_allow_list(["127.0.0.1"], read_timeout=5, total_timeout=0.4)
+    capped = Policy.from_allow_list(["127.0.0.1:1024-65535"], read_timeout=5, total_timeout=0.4)
     with Receiver(default=Reply(200, delay=2.0)) as receiver:
         with pytest.raises(TransportError, match="timed out"):
             http_client.request(receiver.url, b"{}", {}, capped)
@@ -209,3 +209,49 @@ def test_a_refused_destination_fails_the_delivery_with_a_clear_error(settings):
     assert [a.outcome for a in delivery.attempt_log.all()] == ["refused"]
     channel.refresh_from_db()
     assert "private address" in channel.last_error
+
+
+def test_an_allow_list_entry_opens_its_port_only():
+    """The read-back hole: with a bare `127.0.0.1` allowed, a channel could be pointed at any local port (the
+    platform's own API included) and its answer read in the deliveries log. Entries now carry a port."""
+    policy = Policy.from_allow_list(["127.0.0.1:9093", "10.0.0.0/8:8080-8090", "[fd00::/8]:443", "hooks.internal:8443"])
+    assert http_client.forbidden_reason(ipaddress.ip_address("127.0.0.1"), "127.0.0.1", policy, 9093) is None
+    assert "does not open (8000)" in http_client.forbidden_reason(
+        ipaddress.ip_address("127.0.0.1"), "127.0.0.1", policy, 8000)
+    assert http_client.forbidden_reason(ipaddress.ip_address("10.2.3.4"), "10.2.3.4", policy, 8085) is None
+    assert http_client.forbidden_reason(ipaddress.ip_address("10.2.3.4"), "10.2.3.4", policy, 8091)
+    assert http_client.forbidden_reason(ipaddress.ip_address("fd00::1"), "fd00::1", policy, 443) is None
+    assert http_client.forbidden_reason(ipaddress.ip_address("10.9.9.9"), "hooks.internal", policy, 8443) is None
+    assert http_client.forbidden_reason(ipaddress.ip_address("10.9.9.9"), "hooks.internal", policy, 80)
+    message = refused("http://127.0.0.1:8000/api/v1/engine", policy)
+    assert "loopback address on a port its allow-list entry does not open (8000)" in message
+
+
+@pytest.mark.parametrize("entry, complaint", [
+    ("127.0.0.1", "has no port"),
+    ("10.0.0.0/8", "has no port"),
+    ("hooks.internal", "has no port"),
+    ("[::1]", "has no port"),
+    ("127.0.0.1:http", "is not a port"),
+    ("127.0.0.1:0", "ports are 1 to 65535"),
+    ("127.0.0.1:9000-8000", "low ≤ high"),
+    ("127.0.0.1:70000", "ports are 1 to 65535"),
+])
+def test_allow_list_entries_without_a_valid_port_are_refused_saying_how_to_write_them(entry, complaint):
+    with pytest.raises(http_client.AllowListError) as info:
+        Policy.from_allow_list([entry])
+    assert complaint in str(info.value) and entry in str(info.value)
+
+
+def test_a_platform_with_an_allow_list_entry_without_port_does_not_start(tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "OBSERVATORY_DATA_DIR": str(tmp_path), "NOTIFY_ALLOW_PRIVATE_DESTINATIONS": "127.0.0.1"}
+    out = subprocess.run([sys.executable, str(root / "manage.py"), "check"], env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode != 0
+    assert "NOTIFY_ALLOW_PRIVATE_DESTINATIONS entry '127.0.0.1' has no port" in out.stderr
