@@ -88,9 +88,7 @@ def live_platform():
         cleanup()
 
 
-@pytest.fixture
-def fresh_platform_factory():
-    """Start platforms owned by one test (for kill -9, outages, small limits); all stopped afterwards."""
+def _platform_factory():
     cleanups = []
 
     def factory(**kwargs):
@@ -101,6 +99,18 @@ def fresh_platform_factory():
     yield factory
     for cleanup in reversed(cleanups):
         cleanup()
+
+
+@pytest.fixture
+def fresh_platform_factory():
+    """Start platforms owned by one test (for kill -9, outages, small limits); all stopped afterwards."""
+    yield from _platform_factory()
+
+
+@pytest.fixture(scope="module")
+def module_platform_factory():
+    """Start platforms shared by the tests of a module, with settings of its own; stopped after the module."""
+    yield from _platform_factory()
 
 
 @pytest.fixture

@@ -215,7 +215,17 @@ def _iso(value) -> str | None:
     return value.isoformat().replace("+00:00", "Z") if value else None
 
 
-def channel_json(channel: Channel, project_name: str | None = None) -> dict:
+_ANSWER = re.compile(r"(HTTP \d{3}): .*", re.S)
+
+
+def without_answer(error: str | None) -> str | None:
+    """An error text without what the destination answered ("HTTP 500: <its body>" → "HTTP 500"): that part is
+    for the project's admins only (a channel pointed at an internal service must not let readers read it)."""
+    return _ANSWER.sub(r"\1 (the answer is shown to the project's admins)", error) if error else error
+
+
+def channel_json(channel: Channel, project_name: str | None = None, *, show_answers: bool = True) -> dict:
+    """The channel's public view; with show_answers False (a non-admin), its last error without the answer."""
     out = {
         "id": channel.id,
         "project": project_name or channel.project.name,
@@ -228,7 +238,7 @@ def channel_json(channel: Channel, project_name: str | None = None) -> dict:
         "matchers": list(channel.matchers),
         "send_resolved": channel.send_resolved,
         "secret_hints": [secret_hint(s) for s in channel.secrets],
-        "last_error": channel.last_error or None,
+        "last_error": (channel.last_error if show_answers else without_answer(channel.last_error)) or None,
         "last_error_at": _iso(channel.last_error_at),
         "last_success_at": _iso(channel.last_success_at),
         "created_at": _iso(channel.created_at),

@@ -2,12 +2,11 @@
 from django.http import HttpResponse, JsonResponse
 from django.views.decorators.http import require_GET
 from ingest import metrics
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from slo.metrics import SloCollector
 from traces.store import StoreUnavailable, get_store
 
-from .engine_link import fleet_state
-from .jsonapi import ApiError, json_view
-from .openapi import OPENAPI
+from .api import ApiError, ApiTokenAuth
 from .runtime import get_runtime
 
 
@@ -46,6 +45,19 @@ def readyz(request):
 
 @require_GET
 def prometheus_metrics(request):
+    """Prometheus text format. Process, ingest and platform series are open, as Prometheus expects; the per-SLO
+    series name projects and SLOs, so they come only with an API token (`authorization` in the scrape config),
+    for that token's projects. A token that is wrong gets 401 (and counts against its address, as on the API)."""
+    project_ids: list[int] = []
+    if request.headers.get("Authorization"):
+        try:
+            identity = ApiTokenAuth()(request)
+        except ApiError as exc:
+            response = JsonResponse({"error": exc.message}, status=exc.status)
+            if exc.status == 429:
+                response["Retry-After"] = str(exc.extra.get("retry_after", 5))
+            return response
+        project_ids = list(identity.projects)
     runtime = get_runtime()
     if runtime is not None:
         runtime.backpressure.publish()
@@ -57,17 +69,9 @@ def prometheus_metrics(request):
                 metrics.CLICKHOUSE_MEMORY_BYTES.set(tracked[0][0] if tracked else 0)
             except StoreUnavailable:
                 pass
-    return HttpResponse(generate_latest(), content_type=CONTENT_TYPE_LATEST)
-
-
-@require_GET
-def openapi(request):
-    return JsonResponse(OPENAPI)
-
-
-@json_view("GET")
-def engine_view(request, identity):
-    """``GET /api/v1/engine``: the managed engine fleet (groups, weights, config versions, replica states)."""
-    if not identity.projects:
-        raise ApiError(403, "this token has no role in any project")
-    return fleet_state()
+    body = generate_latest()
+    if project_ids:
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(SloCollector(project_ids))
+        body += generate_latest(registry)
+    return HttpResponse(body, content_type=CONTENT_TYPE_LATEST)

@@ -107,21 +107,28 @@ def _family(name: str) -> GaugeMetricFamily:
 
 
 class SloCollector:
-    """The per-SLO gauges, read at scrape time with one query (the SLO rows joined with their project's name;
-    of the stored status only the burn rates, budget and firing severity). A database error leaves the families
-    out of this scrape rather than failing /metrics."""
+    """The per-SLO gauges of some projects, read at scrape time with one query (the SLO rows joined with their
+    project's name; of the stored status only the burn rates, budget and firing severity). A database error
+    leaves the families out of this scrape rather than failing /metrics.
 
-    def describe(self):  # registering must not touch the database (AppConfig.ready)
+    Not on the default registry: these series name projects and SLOs, so /metrics serves them only to an API
+    token, for that token's projects (observatory.views.prometheus_metrics)."""
+
+    def __init__(self, project_ids):
+        self.project_ids = list(project_ids)
+
+    def describe(self):
         return [_family(name) for name in _FAMILIES]
 
     def collect(self):
-        if not slo_series_enabled():
+        if not slo_series_enabled() or not self.project_ids:
             return
         from .models import SLO
 
         try:
             rows = list(
-                SLO.objects.filter(enabled=True).order_by("project__name", "name").values_list(
+                SLO.objects.filter(enabled=True, project_id__in=self.project_ids).order_by("project__name", "name")
+                .values_list(
                     "project__name", "name", "sli", "objective", "last_state", "last_firing_tier", "last_evaluated_at",
                     "last_status__burn_rates", "last_status__budget_remaining", "last_status__firing__severity"))
         except Exception:  # no database (not migrated, unreachable): the rest of /metrics still works

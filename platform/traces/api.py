@@ -1,23 +1,27 @@
-"""JSON API v1: requests of a trace and latency summaries (Authorization: Bearer <api token>)."""
+"""JSON API v1: requests of a trace and latency summaries (router of observatory.api)."""
 from __future__ import annotations
 
 import datetime as dt
-import re
+from typing import Literal, Optional
 
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
-from observatory.jsonapi import ApiError, json_view
-from tenancy.keys import ApiIdentity
+from ninja import Query, Schema
+from observatory.api import PROJECT_DESCRIPTION, ApiError, ApiRouter, declared, project_for
+from observatory.inputs import EARLIEST, Flag, Matching, OptionalTime, ProjectName, Text, TraceId
+from pydantic import Field, field_validator
 
 from . import queries
 from .store import get_store
 
-_TRACE_ID = re.compile(r"[0-9a-fA-F]{32}")  # used with fullmatch: "$" would let a trailing newline through
+router = ApiRouter(tags=["requests"])
 MAX_RANGE = dt.timedelta(days=400)
-# What the store's DateTime64 columns can hold; outside it a time is refused instead of being clamped or
-# overflowing Python's datetime (year 1 minus one hour).
-EARLIEST = dt.datetime(1900, 1, 1, tzinfo=dt.timezone.utc)
-LATEST = dt.datetime(2299, 12, 31, 23, 59, 59, tzinfo=dt.timezone.utc)
+# The group_by value: a comma-separated subset of the dimensions (repeats are taken once), or empty for one group.
+_DIMENSION = "(" + "|".join(queries.GROUP_DIMENSIONS) + ")"
+GROUP_BY_PATTERN = f"^({_DIMENSION}(,{_DIMENSION}){{0,{len(queries.GROUP_DIMENSIONS) - 1}}})?$"
+Label = Text(256, description="exact match")
+GroupBy = Matching(GROUP_BY_PATTERN, "group_by takes a comma-separated subset of " + ", ".join(queries.GROUP_DIMENSIONS)
+                   + " (empty: one group over everything)", max_length=80)
 
 
 @csrf_exempt
@@ -26,63 +30,142 @@ def not_found_view(request: HttpRequest, *args, **kwargs) -> JsonResponse:
     return JsonResponse({"error": f"no API endpoint at {request.path}"}, status=404)
 
 
-def project_for(request: HttpRequest, identity: ApiIdentity) -> int:
-    """The project asked for with ?project=NAME, or the token's only project."""
-    name = request.GET.get("project")
-    if name is None:
-        if len(identity.projects) == 1:
-            return next(iter(identity.projects))
-        if not identity.projects:
-            raise ApiError(403, "this token has no project")
-        raise ApiError(400, "this token can read several projects: pass ?project=NAME")
-    project_id = identity.project_names.get(name)
-    if project_id is None:
-        raise ApiError(404, f"no project named {name!r} for this token")
-    return project_id
+# -- schemas of the answers ------------------------------------------------------------------------------------
+class Hop(Schema):
+    role: Literal["client", "gateway", "engine"]
+    span_id: str
+    service: str
+    convention: str
+    name: str
+    start_ns: int
+    duration_ms: float
+    ttft_ms: Optional[float]
 
 
-def parse_time(value: str | None, name: str) -> dt.datetime | None:
-    """An ISO 8601 time as an aware UTC datetime (a naive time is UTC), or None when absent or empty."""
-    if value is None or value == "":
-        return None
-    try:
-        parsed = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
-        if parsed.tzinfo is None:
-            parsed = parsed.replace(tzinfo=dt.timezone.utc)
-        parsed = parsed.astimezone(dt.timezone.utc)
-    except (ValueError, OverflowError):
-        raise ApiError(400, f"{name} must be an ISO 8601 time, e.g. 2026-01-31T12:00:00Z") from None
-    if not EARLIEST <= parsed <= LATEST:
-        raise ApiError(400, f"{name} must be between {EARLIEST:%Y-%m-%d} and {LATEST:%Y-%m-%d}")
-    return parsed
+class NetworkPerHop(Schema):
+    client_gateway: Optional[float] = Field(description="client e2e − gateway e2e (both hops present)")
+    gateway_engine: Optional[float] = Field(description="gateway e2e − engine e2e (both hops present)")
 
 
-@json_view("GET")
-def requests_view(request: HttpRequest, identity: ApiIdentity) -> dict:
-    project_id = project_for(request, identity)
-    trace_id = request.GET.get("trace_id", "")
-    if not _TRACE_ID.fullmatch(trace_id):
-        raise ApiError(400, "trace_id must be 32 hex characters")
-    return {"requests": queries.requests_for_trace(get_store(), project_id, trace_id.lower())}
+class Request(Schema):
+    trace_id: str
+    request_key: str = Field(description="span id of the call that anchors the request (engine, else gateway, else "
+                                          "client)")
+    request_id: str
+    start_time: str = Field(json_schema_extra={"format": "date-time"})
+    service: str
+    model: str
+    engine_config: str
+    replica_group: str = Field(description="'' when the engine did not say")
+    prompt_tokens: Optional[int]
+    completion_tokens: Optional[int]
+    prompt_bucket: str
+    e2e_ms: Optional[float]
+    ttft_ms: Optional[float]
+    engine_ttft_ms: Optional[float]
+    tpot_ms: Optional[float]
+    network_ms: Optional[float]
+    overhead_ms: Optional[float]
+    queue_ms: Optional[float]
+    prefill_ms: Optional[float]
+    decode_ms: Optional[float]
+    hops: list[Hop]
+    status: Literal["ok", "error"]
+    network_ms_per_hop: NetworkPerHop
 
 
-@json_view("GET")
-def latency_summary_view(request: HttpRequest, identity: ApiIdentity) -> dict:
-    project_id = project_for(request, identity)
-    until = parse_time(request.GET.get("until"), "until") or dt.datetime.now(dt.timezone.utc)
-    since = parse_time(request.GET.get("since"), "since") or max(until - dt.timedelta(hours=1), EARLIEST)
+class Requests(Schema):
+    requests: list[Request]
+
+
+class Tail(Schema):
+    p50: Optional[float]
+    p95: Optional[float]
+    p99: Optional[float]
+
+
+class Component(Schema):
+    p50: Optional[float]
+    p95: Optional[float]
+
+
+class SummaryGroup(Schema):
+    key: dict[str, str]
+    count: int
+    errors: int
+    e2e_ms: Tail
+    ttft_ms: Tail
+    tpot_ms: Tail
+    network_ms: Component
+    overhead_ms: Component
+    queue_ms: Component
+    prefill_ms: Component
+    decode_ms: Component
+
+
+class Quantiles(Schema):
+    method: Literal["exact", "t-digest"]
+    error: str
+
+
+class Summary(Schema):
+    since: str = Field(json_schema_extra={"format": "date-time"})
+    until: str = Field(json_schema_extra={"format": "date-time"})
+    group_by: list[str]
+    filters: dict[str, str] = Field(description="the filters applied")
+    quantiles: Quantiles
+    groups: list[SummaryGroup]
+
+
+# -- inputs ----------------------------------------------------------------------------------------------------
+class RequestsQuery(Schema):
+    trace_id: TraceId
+    project: Optional[ProjectName] = Field(None, description=PROJECT_DESCRIPTION)
+
+
+class SummaryQuery(Schema):
+    since: Optional[OptionalTime] = Field(None, description="default (or empty): until − 1 hour")
+    until: Optional[OptionalTime] = Field(None, description="default (or empty): now")
+    group_by: GroupBy = "model"
+    model: Optional[Label] = None
+    service: Optional[Label] = None
+    engine_config: Optional[Label] = None
+    prompt_bucket: Optional[Literal["<256", "<1k", "<4k", "<16k", ">=16k", "unknown"]] = None
+    replica_group: Optional[Label] = None
+    exact: Flag = Field(False, description="exact percentiles (quantilesExact over the raw rows) instead of t-digest")
+    project: Optional[ProjectName] = Field(None, description=PROJECT_DESCRIPTION)
+
+    @field_validator("group_by")
+    @classmethod
+    def _once_each(cls, value: str) -> str:
+        return ",".join(dict.fromkeys(part for part in value.split(",") if part))
+
+
+@router.get("/requests", response=declared(ok={200: Requests}), summary="LLM requests of one trace, with their "
+            "latency decomposition", description="Ordered by start time. Requests appear once their spans are "
+            "stored and the trace decomposed (see /readyz decomposition_pending).")
+def requests_view(request: HttpRequest, query: Query[RequestsQuery]):
+    project_id = project_for(request.auth, query.project)
+    return {"requests": queries.requests_for_trace(get_store(), project_id, query.trace_id.lower())}
+
+
+@router.get("/latency/summary", response=declared(ok={200: Summary}),
+            summary="Latency percentiles per group over a time range",
+            description="Requests are selected by start time (the outermost hop's). The range is at most "
+                        f"{MAX_RANGE.days} days. Per group: count, errors, p50/p95/p99 of e2e, TTFT and TPOT, p50/p95 "
+                        "of each component (NULLs left out).")
+def latency_summary_view(request: HttpRequest, query: Query[SummaryQuery]):
+    project_id = project_for(request.auth, query.project)
+    until = query.until or dt.datetime.now(dt.timezone.utc)
+    since = query.since or max(until - dt.timedelta(hours=1), EARLIEST)
     if since >= until:
         raise ApiError(400, "since must be before until")
     if until - since > MAX_RANGE:
         raise ApiError(400, f"the time range is limited to {MAX_RANGE.days} days")
-    group_by = [g for g in request.GET.get("group_by", "model").split(",") if g]
-    bad = [g for g in group_by if g not in queries.GROUP_DIMENSIONS]
-    if bad or len(set(group_by)) != len(group_by):
-        raise ApiError(400, f"group_by takes a comma-separated subset of {', '.join(queries.GROUP_DIMENSIONS)}")
-    filters = {name: request.GET[name] for name in queries.FILTER_DIMENSIONS if name in request.GET}
-    exact = request.GET.get("exact", "").lower() in {"1", "true", "yes"}
+    group_by = [g for g in query.group_by.split(",") if g]
+    filters = {name: getattr(query, name) for name in queries.FILTER_DIMENSIONS if getattr(query, name) is not None}
     groups = queries.latency_summary(
-        get_store(), project_id, since=since, until=until, group_by=group_by, filters=filters, exact=exact
+        get_store(), project_id, since=since, until=until, group_by=group_by, filters=filters, exact=query.exact
     )
     return {
         "since": since.isoformat().replace("+00:00", "Z"),
@@ -90,8 +173,8 @@ def latency_summary_view(request: HttpRequest, identity: ApiIdentity) -> dict:
         "group_by": group_by,
         "filters": filters,
         "quantiles": {
-            "method": "exact" if exact else "t-digest",
-            "error": "exact" if exact else queries.TDIGEST_ERROR_NOTE,
+            "method": "exact" if query.exact else "t-digest",
+            "error": "exact" if query.exact else queries.TDIGEST_ERROR_NOTE,
         },
         "groups": groups,
     }

@@ -83,7 +83,7 @@ def test_queueing_burns_a_ttft_slo_and_the_page_names_queue_time(tmp_path, fresh
     fleet_file = str(tmp_path / "fleet.yaml")
     platform = fresh_platform_factory(extra_env={
         "SLO_EVALUATE_INTERVAL_SECONDS": "2", "ALERTS_PAGE_FOR_SECONDS": "0",
-        "NOTIFY_ALLOW_PRIVATE_DESTINATIONS": "127.0.0.1",
+        "NOTIFY_ALLOW_PRIVATE_DESTINATIONS": "127.0.0.1:1024-65535",
         # The diagnosis reads the knobs of each config version from this fleet's controller.
         "ENGINE_FLEET": fleet_file, "ENGINE_RUN_DIR": str(run_dir),
     }, grpc=False)
@@ -107,8 +107,8 @@ def test_queueing_burns_a_ttft_slo_and_the_page_names_queue_time(tmp_path, fresh
         fleet_up = True
 
         admin = platform.process.manage("create_api_token", "--user", "ops", "--role", "admin", "--project", "alpha")
-        status, _, body = platform.process.post("/api/v1/channels", json.dumps({
-            "project": "alpha", "name": "oncall", "kind": "webhook", "url": receiver.url,
+        status, _, body = platform.process.post("/api/v1/channels?project=alpha", json.dumps({
+            "name": "oncall", "kind": "webhook", "url": receiver.url,
             "severities": ["page"]}).encode(), {"Authorization": f"Bearer {admin}", "Content-Type": "application/json"})
         assert status == 201, body
         slo_file = tmp_path / "slo.yaml"

@@ -60,7 +60,7 @@ def test_two_workers_and_doubled_beat_send_one_notification_per_transition(tmp_p
     env = {
         "DATABASE_URL": db_url, "CELERY_BROKER_URL": broker, "OBSERVATORY_INPROCESS_WORKER": "true",
         "SLO_EVALUATE_INTERVAL_SECONDS": "2", "ALERTS_PAGE_FOR_SECONDS": "0",
-        "NOTIFY_ALLOW_PRIVATE_DESTINATIONS": "127.0.0.1", "LOG_LEVEL": "INFO",
+        "NOTIFY_ALLOW_PRIVATE_DESTINATIONS": "127.0.0.1:1024-65535", "LOG_LEVEL": "INFO",
     }
     platforms = [PlatformProcess(data_dir=str(tmp_path / name), extra_env=env) for name in ("one", "two")]
     try:
@@ -93,8 +93,8 @@ def test_two_workers_and_doubled_beat_send_one_notification_per_transition(tmp_p
             thread.join()
         assert all(p.proc and p.proc.poll() is None for p in platforms), [p.log_tail() for p in platforms]
 
-        status, _, body = first.post("/api/v1/channels", json.dumps({
-            "project": "alpha", "name": "hook", "kind": "webhook", "url": receiver.url}).encode(),
+        status, _, body = first.post("/api/v1/channels?project=alpha", json.dumps({
+            "name": "hook", "kind": "webhook", "url": receiver.url}).encode(),
             {"Authorization": f"Bearer {admin}", "Content-Type": "application/json"})
         assert status == 201, body
         slo_file = tmp_path / "slo.yaml"

@@ -27,8 +27,9 @@ TTFT = {"name": "chat-ttft", "sli": "ttft_ms", "threshold_ms": 200, "objective":
         "filters": {"service": ["chat"]}}
 
 
-def scrape(client) -> dict[str, dict[frozenset, float]]:
-    response = client.get("/metrics")
+def scrape(client, token: str | None = None) -> dict[str, dict[frozenset, float]]:
+    """/metrics; the per-SLO series come only with an API token, for its projects."""
+    response = client.get("/metrics", **({"HTTP_AUTHORIZATION": f"Bearer {token}"} if token else {}))
     assert response.status_code == 200 and response["Content-Type"].startswith("text/plain")
     return parse_metrics(response.content.decode())
 
@@ -49,9 +50,11 @@ def increase(before: dict, after: dict, name: str) -> dict[tuple, float]:
     return {tuple(sorted(key)): v - old.get(key, 0.0) for key, v in after.get(name, {}).items() if v != old.get(key, 0.0)}
 
 
-def viewer_token(project: Project) -> str:
-    user = get_user_model().objects.create(username=f"viewer-{project.name}")
-    Membership.objects.create(user=user, project=project, role="viewer")
+def viewer_token(*projects: Project) -> str:
+    """A viewer's token reading these projects."""
+    user = get_user_model().objects.create(username="viewer-" + "-".join(p.name for p in projects))
+    for project in projects:
+        Membership.objects.create(user=user, project=project, role="viewer")
     return ApiToken.issue(user, role="viewer")[1]
 
 
@@ -121,7 +124,11 @@ def test_slo_series_say_what_the_api_says_per_project(client, tenants, store):
     alpha, beta = tenants["alpha"], tenants["beta"]
     services.create(alpha.id, {"name": "later", "sli": "e2e_ms", "threshold_ms": 1000, "objective": "95%"})
     tokens = {"alpha": viewer_token(alpha), "beta": viewer_token(beta)}
-    samples = scrape(client)
+    samples = scrape(client, viewer_token(alpha, beta))
+    # without a token, or with one project's, no other project's SLO is named
+    assert not series(scrape(client), "observatory_slo_objective_ratio")
+    assert {dict(k)["project"] for k in series(scrape(client, tokens["beta"]), "observatory_slo_objective_ratio")} \
+        == {"beta"}
 
     answers = {(project, name): api_status(client, tokens[project], f"{name}?project={project}")
                for project, name in (("alpha", "chat-ttft"), ("alpha", "chat-errors"), ("alpha", "later"),
@@ -174,13 +181,14 @@ def test_slo_series_say_what_the_api_says_per_project(client, tenants, store):
 def test_alert_gauge_and_transition_counters_follow_real_evaluations(client, tenants, store, settings):
     settings.ALERTS = {**settings.ALERTS, "PAGE_FOR_SECONDS": 50.0, "TICKET_FOR_SECONDS": 290.0}
     now = tenants["now"]
-    scrapes = [scrape(client)]
+    reader = viewer_token(tenants["alpha"], tenants["beta"])
+    scrapes = [scrape(client, reader)]
     # pending: alpha's page (20×) and its ticket (the 1d tier burns under the page), beta's ticket (5×)
     # firing: the page, a minute later; the tickets wait for their 290 s
     # resolved: seven hours later nothing is left in any short window: the page resolves, the tickets never fired
     for at in (now, now + MIN, now + dt.timedelta(hours=7)):
         evaluation.evaluate_all(at, store=store)
-        scrapes.append(scrape(client))
+        scrapes.append(scrape(client, reader))
 
     transitions = [increase(a, b, "observatory_alert_transitions_total") for a, b in zip(scrapes, scrapes[1:])]
     slo_burn = (("kind", "slo_burn"),)
@@ -247,9 +255,14 @@ def test_failed_cycles_and_skipped_ticks_are_counted(client, transactional_db, s
 
 
 def test_per_slo_series_are_read_with_one_query_however_many_slos(client, db):
+    reader = get_user_model().objects.create(username="reader")
+
     def slo_queries() -> list[str]:
+        for project in Project.objects.all():
+            Membership.objects.get_or_create(user=reader, project=project, defaults={"role": "viewer"})
+        token = ApiToken.issue(reader, role="viewer")[1]
         with CaptureQueriesContext(connection) as captured:
-            samples = scrape(client)
+            samples = scrape(client, token)
         queries = [q["sql"] for q in captured.captured_queries]
         return samples, [sql for sql in queries if "slo_slo" in sql], [sql for sql in queries if "alerts_alert" in sql]
 
@@ -273,8 +286,9 @@ def test_per_slo_series_are_read_with_one_query_however_many_slos(client, db):
 def test_the_per_slo_series_can_be_turned_off(client, db, settings):
     services.create(Project.objects.create(name="secret-team").id, {**TTFT, "name": "secret-slo"})
     settings.OBSERVATORY_METRICS_SLO_SERIES = False
+    token = viewer_token(Project.objects.get(name="secret-team"))
     with CaptureQueriesContext(connection) as captured:
-        response = client.get("/metrics")
+        response = client.get("/metrics", HTTP_AUTHORIZATION=f"Bearer {token}")
     text = response.content.decode()
     assert response.status_code == 200 and "secret" not in text
     assert not any(f"{name}{{" in text or f"{name} " in text for name in SLO_FAMILIES)
@@ -290,4 +304,4 @@ def test_metrics_are_served_when_the_database_cannot_be_read(client, caplog):
     assert not names & set(SLO_FAMILIES) and "observatory_alerts" not in names
     assert {"observatory_spool_pending_bytes", "observatory_slo_evaluations_total",
             "observatory_alert_transitions_total"} <= names
-    assert "SLO metrics unavailable" in caplog.text and "alert metrics unavailable" in caplog.text
+    assert "alert metrics unavailable" in caplog.text  # (the per-SLO series need a token, read from the database)

@@ -17,7 +17,7 @@ def platform(request):
     """The module's live platform (projects alpha and beta), allowed to reach receivers on 127.0.0.1, with
     carol admin of alpha, dave operator of alpha, erin admin of beta (alice: viewer of alpha, bob: viewer of beta)."""
     patch = pytest.MonkeyPatch()
-    patch.setenv("NOTIFY_ALLOW_PRIVATE_DESTINATIONS", "127.0.0.1")
+    patch.setenv("NOTIFY_ALLOW_PRIVATE_DESTINATIONS", "127.0.0.1:1024-65535")
     patch.setenv("NOTIFY_DELIVER_INTERVAL_SECONDS", "1")  # the platform's beat sends notify.deliver_due each second
     patch.setenv("NOTIFY_BACKOFF_BASE_SECONDS", "1")
     try:
@@ -48,8 +48,9 @@ def call(platform, method: str, path: str, token: str | None = None, body=None) 
     return response.status, json.loads(raw)
 
 
-def create(platform, token="carol", **body):
-    return call(platform, "POST", "/api/v1/channels", platform.tokens[token], body)
+def create(platform, token="carol", project=None, **body):
+    path = "/api/v1/channels" + (f"?project={project}" if project else "")
+    return call(platform, "POST", path, platform.tokens[token], body)
 
 
 def test_admins_create_viewers_read_outsiders_see_nothing(platform):
@@ -91,16 +92,16 @@ def test_admins_create_viewers_read_outsiders_see_nothing(platform):
 
 
 @pytest.mark.parametrize("body, message", [
-    ({"name": "a", "kind": "email", "url": "https://e.com/"}, "kind is required: one of webhook"),
+    ({"name": "a", "kind": "email", "url": "https://e.com/"}, "kind: one of 'webhook'"),
     ({"name": "a", "kind": "webhook", "url": "ftp://e.com/"}, "only http and https"),
     ({"name": "a", "kind": "webhook", "url": "http://10.0.0.1/hook"}, "10.0.0.1 is a private address"),
     ({"name": "a", "kind": "webhook", "url": "http://169.254.169.254/"}, "metadata"),
-    ({"name": "a", "kind": "webhook"}, "url is required"),
-    ({"kind": "webhook", "url": "https://e.com/"}, "name is required"),
-    ({"name": "a", "kind": "webhook", "url": "https://e.com/", "colour": "red"}, "unknown field(s): colour"),
-    ({"name": "a", "kind": "pagerduty"}, "routing_key is required"),
-    ({"name": "a", "kind": "slack", "url": "https://hooks.slack.com/services/T/B/X", "secrets": ["whsec_x"]},
-     "secrets apply to webhook and alertmanager"),
+    ({"name": "a", "kind": "webhook"}, "url: required with webhook"),
+    ({"kind": "webhook", "url": "https://e.com/"}, "name: required"),
+    ({"name": "a", "kind": "webhook", "url": "https://e.com/", "colour": "red"}, "colour: not a field of webhook"),
+    ({"name": "a", "kind": "pagerduty"}, "routing_key: required with pagerduty"),
+    ({"name": "a", "kind": "slack", "url": "https://hooks.slack.com/services/T/B/X",
+      "secrets": ["whsec_" + "A" * 32]}, "secrets: not a field of slack"),
     ({"name": "a", "kind": "webhook", "url": "https://e.com/", "secrets": ["plain"]}, "whsec_"),
     ({"name": "a", "kind": "webhook", "url": "https://e.com/", "severities": ["critical"]}, "severities"),
     ({"name": "a", "kind": "webhook", "url": "https://e.com/", "matchers": ['model=~"("']},
@@ -178,9 +179,15 @@ def test_test_send_rotation_and_delivery_log(platform):
         assert status == 200 and failed["delivery"]["status"] == "failed"
         assert failed["delivery"]["attempts"] == 1 and "HTTP 500: receiver broke" in failed["delivery"]["last_error"]
 
+    # What the destination answered is for the project's admins (carol): a viewer (alice) sees the status only.
+    status, log = call(platform, "GET", path + "/deliveries", carol)
+    assert log["deliveries"][0]["log"][0]["response_excerpt"] == "receiver broke"
+    assert "receiver broke" in log["deliveries"][0]["last_error"]
     status, log = call(platform, "GET", path + "/deliveries", platform.tokens["alice"])
     assert status == 200 and [d["status"] for d in log["deliveries"]] == ["failed", "succeeded", "succeeded",
                                                                           "succeeded"]
+    assert "receiver broke" not in json.dumps(log), "a viewer read what the destination answered"
+    assert log["deliveries"][0]["log"][0]["response_excerpt"] is None
     newest = log["deliveries"][0]
     assert newest["last_status_code"] == 500 and newest["last_duration_ms"] > 0 and newest["next_attempt_at"] is None
     assert [(a["attempt"], a["outcome"], a["status_code"]) for a in newest["log"]] == [(1, "transient", 500)]
@@ -196,6 +203,8 @@ def test_test_send_rotation_and_delivery_log(platform):
 
     status, channel = call(platform, "GET", path, platform.tokens["alice"])
     assert "HTTP 500" in channel["channel"]["last_error"] and channel["channel"]["last_success_at"]
+    assert "receiver broke" not in channel["channel"]["last_error"]
+    assert "receiver broke" in call(platform, "GET", path, carol)[1]["channel"]["last_error"]
 
 
 def test_disable_enable_and_delete(platform):

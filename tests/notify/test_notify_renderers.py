@@ -126,7 +126,7 @@ def test_pagerduty_trigger_and_resolve():
 
 @pytest.mark.django_db
 def test_each_kind_over_http(settings):
-    settings.NOTIFY = {**settings.NOTIFY, "ALLOW_PRIVATE_DESTINATIONS": ["127.0.0.1"],
+    settings.NOTIFY = {**settings.NOTIFY, "ALLOW_PRIVATE_DESTINATIONS": ["127.0.0.1:1024-65535"],
                        "EXTERNAL_URL": "http://observatory.example"}
     project = Project.objects.create(name="alpha")
     secret = signing.generate_secret()

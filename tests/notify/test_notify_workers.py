@@ -34,7 +34,7 @@ def start_worker(name: str, queue: str, database_url: str, data_dir: Path, metri
         "PYTHONPATH": os.pathsep.join([str(ROOT / "platform"), str(ROOT)]),
         "DJANGO_SETTINGS_MODULE": "observatory.settings",
         "OBSERVATORY_DATA_DIR": str(data_dir),
-        "NOTIFY_ALLOW_PRIVATE_DESTINATIONS": "127.0.0.1",
+        "NOTIFY_ALLOW_PRIVATE_DESTINATIONS": "127.0.0.1:1024-65535",
         "NOTIFY_BACKOFF_BASE_SECONDS": "0.2",
         "NOTIFY_BACKOFF_JITTER": "0",
         "NOTIFY_PER_CHANNEL_BATCH": "3",  # small batches: many claims racing for the same rows

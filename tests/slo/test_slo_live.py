@@ -83,7 +83,8 @@ def test_operator_creates_reads_replaces_deletes_and_others_cannot(platform):
     carol, alice, bob = platform.tokens["carol"], platform.tokens["alice"], platform.tokens["bob"]
     definition = {**TTFT_SLO, "name": "crud-check"}
     status, body = call(platform, "POST", "/api/v1/slos", alice, definition)
-    assert (status, body["error"]) == (403, "this token needs the operator role in project alpha for that")
+    assert (status, body["error"]) == (
+        403, "this token needs the operator role in project alpha for creating an SLO (it has viewer)")
     status, body = call(platform, "POST", "/api/v1/slos", carol, definition)
     assert status == 201, body
     assert body["project"] == "alpha" and body["objective"] == 0.99 and body["objective_percent"] == "99%"
@@ -120,13 +121,19 @@ def test_operator_creates_reads_replaces_deletes_and_others_cannot(platform):
 @pytest.mark.parametrize(("body", "status", "message"), [
     (b"not json", 400, "the body must be a JSON object"),
     ([1, 2], 400, "the body must be a JSON object"),
-    ({"name": "x", "sli": "ttft_ms", "objective": "99%"}, 400, "threshold_ms: sli ttft_ms needs a latency threshold"),
-    ({**TTFT_SLO, "project": "beta"}, 404, "no project named 'beta' for this token"),
+    ({"name": "x", "sli": "ttft_ms", "objective": "99%"}, 400, "threshold_ms: required with ttft_ms"),
+    ({"name": "x", "sli": "error_ratio", "objective": "99%", "threshold_ms": 5}, 400,
+     "threshold_ms: not allowed with error_ratio"),
     (b"{" + b" " * 70000 + b"}", 413, "the body is limited to 65536 bytes"),
 ])
 def test_bad_bodies(platform, body, status, message):
     got_status, got = call(platform, "POST", "/api/v1/slos", platform.tokens["carol"], body)
     assert got_status == status and message in got["error"], got
+
+
+def test_the_project_is_the_query_parameter_and_another_tenants_is_404(platform):
+    got_status, got = call(platform, "POST", "/api/v1/slos?project=beta", platform.tokens["carol"], TTFT_SLO)
+    assert (got_status, got["error"]) == (404, "no project named 'beta' for this token")
 
 
 def test_methods_and_auth(platform):
@@ -195,9 +202,9 @@ def test_traffic_burns_the_budget_pages_and_keeps_a_history(platform):
     assert status == 200 and 1 <= len(history["points"]) <= 5
     assert history["points"] == sorted(history["points"], key=lambda p: p["at"])
     status, body = call(platform, "GET", "/api/v1/slos/chat-ttft/history?limit=0", alice)
-    assert status == 400 and "limit must be a whole number from 1 to 10000" in body["error"]
+    assert status == 400 and "limit: a whole number from 1 to 10000" in body["error"]
     status, body = call(platform, "GET", "/api/v1/slos/chat-ttft?series=1y", alice)
-    assert status == 400 and body["error"].startswith("series: a window is written like")
+    assert status == 400 and body["error"].startswith("series: a duration: digits and a unit")
     status, body = call(platform, "GET", "/api/v1/slos/chat-ttft/history", platform.tokens["bob"])
     assert status == 404
 
@@ -227,12 +234,18 @@ def test_yaml_applied_on_a_running_platform_is_evaluated_and_late_data_is_counte
     assert body["status"]["state"] == "burning" and body["status"]["firing"]["name"] == "ticket-6h"
 
 
-def scrape(platform) -> dict:
-    """The platform's /metrics (no token) → {(sample name, frozenset of label items): value}."""
-    with urllib.request.urlopen(platform.url + "/metrics", timeout=60) as response:
-        text = response.read().decode()
-    return {(sample.name, frozenset(sample.labels.items())): sample.value
-            for family in text_string_to_metric_families(text) for sample in family.samples}
+def scrape(platform, *tokens: str) -> dict:
+    """The platform's /metrics → {(sample name, frozenset of label items): value}: once without a token, and once
+    with each token (the per-SLO series come only with one, for its projects)."""
+    samples = {}
+    for token in (None, *tokens):
+        request = urllib.request.Request(platform.url + "/metrics",
+                                         headers={"Authorization": f"Bearer {token}"} if token else {})
+        with urllib.request.urlopen(request, timeout=60) as response:
+            text = response.read().decode()
+        samples.update({(sample.name, frozenset(sample.labels.items())): sample.value
+                        for family in text_string_to_metric_families(text) for sample in family.samples})
+    return samples
 
 
 def per_slo(samples: dict, name: str) -> dict:
@@ -251,13 +264,13 @@ def test_metrics_expose_every_slo_as_the_api_reports_it(platform):
     /api/v1/slos answers; the platform's own worker ran the evaluations and claimed the alert transitions."""
     readers = {"alpha": platform.tokens["alice"], "beta": platform.tokens["bob"]}
     for _attempt in range(30):
-        before = scrape(platform)
+        before = scrape(platform, *readers.values())
         answers = {}
         for project, token in readers.items():
             status, body = call(platform, "GET", "/api/v1/slos", token)
             assert status == 200, body
             answers.update({(project, s["name"]): s for s in body["slos"]})
-        samples = scrape(platform)
+        samples = scrape(platform, *readers.values())
         stamps = per_slo(samples, "observatory_slo_last_evaluation_timestamp_seconds")
         # the evaluation of a new minute may land between the reads: read again until all three agree
         if stamps == per_slo(before, "observatory_slo_last_evaluation_timestamp_seconds") and all(

@@ -27,6 +27,7 @@ class PlatformProcess:
     def __init__(self, data_dir: str | None = None, extra_env: dict | None = None, grpc: bool = False,
                  args: tuple[str, ...] = ()):
         self.args = tuple(args)  # more runplatform options (e.g. --with-engine)
+        self.root = ROOT  # the checkout whose manage.py runs (benchmarks may compare another one)
         self._tmp = None if data_dir else tempfile.TemporaryDirectory(prefix="observatory-")
         self.data_dir = data_dir or self._tmp.name
         self.env = {**os.environ, "OBSERVATORY_DATA_DIR": self.data_dir, "LOG_LEVEL": os.environ.get("OBSERVATORY_TEST_LOG_LEVEL", "WARNING"), **(extra_env or {})}
@@ -40,7 +41,7 @@ class PlatformProcess:
         return f"http://127.0.0.1:{self.port}"
 
     def manage(self, *args: str) -> str:
-        out = subprocess.run([sys.executable, str(ROOT / "manage.py"), *args], env=self.env, check=True,
+        out = subprocess.run([sys.executable, str(self.root / "manage.py"), *args], env=self.env, check=True,
                              capture_output=True, text=True)
         return out.stdout.strip()
 
@@ -66,7 +67,7 @@ class PlatformProcess:
         Path(self.data_dir).mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
-            [sys.executable, str(ROOT / "manage.py"), "runplatform", "--http", f"127.0.0.1:{self.port}", *grpc_args,
+            [sys.executable, str(self.root / "manage.py"), "runplatform", "--http", f"127.0.0.1:{self.port}", *grpc_args,
              *self.args],
             env=self.env, stdout=log, stderr=subprocess.STDOUT,
         )
