@@ -69,6 +69,7 @@ bench: $(INSTALLED)
 	$(VENV_PYTHON) -m observatory.bench.ingest
 	$(VENV_PYTHON) -m observatory.bench.summary
 	$(VENV_PYTHON) -m observatory.bench.overload
+	$(VENV_PYTHON) -m observatory.bench.api
 	$(VENV_PYTHON) -m engine.bench.sim
 	$(VENV_PYTHON) -m engine.bench.gateway
 	$(VENV_PYTHON) -m slo.bench
