@@ -81,12 +81,21 @@ class InProcessWorker:
             self.beat.stop()
             self.beat = None
         if self.worker is not None:
-            try:
-                self.worker.stop(in_sighandler=False, exitcode=0)
-            except Exception:  # a worker that failed to start has nothing to stop
-                log.debug("stopping the in-process worker", exc_info=True)
+            # Asked, not forced: the consumer loop sees the flag at its next turn (within a second) and shuts the
+            # worker down in its own thread. Stopping it from this thread closed the broker connection under the
+            # loop's read ("I/O operation on closed file", a CRITICAL traceback at every shutdown with Redis).
+            from celery.worker import state
+
+            state.should_stop = 0
         if self._thread is not None:
-            self._thread.join(timeout=15)
+            self._thread.join(timeout=10)
+            if self._thread.is_alive() and self.worker is not None:
+                log.warning("the in-process Celery worker did not stop within 10 s; stopping it")
+                try:
+                    self.worker.stop(in_sighandler=False, exitcode=0)
+                except Exception:  # a worker that failed to start has nothing to stop
+                    log.debug("stopping the in-process worker", exc_info=True)
+                self._thread.join(timeout=5)
             self._thread = None
         self.worker = None
 

@@ -37,9 +37,14 @@ def client_address(request: HttpRequest) -> str:
         return remote
 
 
-def axes_client_address(request: HttpRequest, *args) -> str:
-    """django-axes's AXES_CLIENT_IP_CALLABLE: the same client address as the API's throttle."""
-    return client_address(request)
+def axes_client_address(request: HttpRequest, *args) -> str | None:
+    """django-axes's AXES_CLIENT_IP_CALLABLE: the same client address as the API's throttle, or None when the
+    request has none (Django's test client logging in; PostgreSQL's inet column takes no "unknown")."""
+    address = client_address(request)
+    try:
+        return str(ipaddress.ip_address(address))
+    except ValueError:
+        return None
 
 
 def _keys(address: str) -> tuple[str, str]:
