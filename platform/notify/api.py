@@ -129,7 +129,7 @@ class SlackChannel(_NewChannel):
     """A Slack incoming webhook."""
 
     model_config = ConfigDict(json_schema_extra={"examples": [
-        {"name": "alerts-room", "kind": "slack", "url": "https://hooks.slack.com/services/T000/B000/XXXX"}]})
+        {"name": "alerts-room", "kind": "slack", "url": "https://hooks.slack.com/services/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"}]})
     kind: Literal["slack"]
     url: Url
 

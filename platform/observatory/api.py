@@ -27,7 +27,7 @@ from ninja.parser import Parser
 from ninja.responses import Status
 from ninja.security import HttpBearer
 from tenancy import throttle
-from tenancy.keys import ApiIdentity, TokenExpired, resolve_api_token
+from tenancy.keys import ApiIdentity, TokenExpired, bearer_token, resolve_api_token
 from traces.store import StoreUnavailable
 
 log = logging.getLogger(__name__)
@@ -119,20 +119,19 @@ class ApiTokenAuth(HttpBearer):
     """Authorization: Bearer <API token>. Failed attempts are counted per client address: beyond the limit the
     address gets 429 with Retry-After (tenancy.throttle) before its tokens are even looked up."""
 
-    def __call__(self, request: HttpRequest) -> ApiIdentity | None:
+    def __call__(self, request: HttpRequest) -> ApiIdentity:
+        # HttpBearer's own __call__ answers None to a missing or malformed header; here that is a failure counted
+        # against the address like a wrong token.
+        return self.authenticate(request, bearer_token(request.headers.get("Authorization")))
+
+    def authenticate(self, request: HttpRequest, token: str | None) -> ApiIdentity:
         address = throttle.client_address(request)
         wait = throttle.api_blocked_for(address)
         if wait:
             raise ApiError(429, f"too many failed authentications from {address}; retry in {wait} s",
                            retry_after=wait)
-        header = request.headers.get("Authorization") or ""
-        scheme, _, raw = header.strip().partition(" ")
-        raw = raw.strip()
-        if scheme.lower() != "bearer" or not raw:
-            throttle.api_failure(address)
-            raise ApiError(401, "missing or invalid API token (Authorization: Bearer <token>)")
         try:
-            identity = resolve_api_token(raw)
+            identity = resolve_api_token(token)
         except TokenExpired as exc:
             throttle.api_failure(address)
             raise ApiError(401, str(exc)) from None
@@ -140,9 +139,6 @@ class ApiTokenAuth(HttpBearer):
             throttle.api_failure(address)
             raise ApiError(401, "missing or invalid API token (Authorization: Bearer <token>)")
         return identity
-
-    def authenticate(self, request, token):  # HttpBearer's abstract method; __call__ does the work
-        raise NotImplementedError
 
 
 def _reject_constant(name: str):
@@ -203,15 +199,9 @@ api = NinjaAPI(
 )
 
 
-def _json_error(status: int, message: str, **extra) -> JsonResponse:
-    response = JsonResponse({"error": message, **extra}, status=status)
-    if status in (429, 503):
-        response["Retry-After"] = str(extra.pop("retry_after", None) or 5)
-    return response
-
-
 @api.exception_handler(ApiError)
-def _api_error(request: HttpRequest, exc: ApiError) -> HttpResponse:
+def error_response(request: HttpRequest, exc: ApiError) -> HttpResponse:
+    """The answer to an ApiError: {"error", **extra}, with Retry-After on 429 and 503."""
     extra = dict(exc.extra)
     retry_after = extra.pop("retry_after", None)
     response = JsonResponse({"error": exc.message, **extra}, status=exc.status)
@@ -311,15 +301,13 @@ def _unauthenticated(request: HttpRequest, exc: AuthenticationError) -> HttpResp
 @api.exception_handler(HttpError)
 def _http_error(request: HttpRequest, exc: HttpError) -> HttpResponse:
     if isinstance(exc.__cause__, ApiError):  # ninja wraps what the body parser raised
-        return _api_error(request, exc.__cause__)
+        return error_response(request, exc.__cause__)
     return JsonResponse({"error": str(exc)}, status=exc.status_code)
 
 
 @api.exception_handler(StoreUnavailable)
 def _store_away(request: HttpRequest, exc: StoreUnavailable) -> HttpResponse:
-    response = JsonResponse({"error": "the trace store is unavailable; retry shortly"}, status=503)
-    response["Retry-After"] = "5"
-    return response
+    return error_response(request, ApiError(503, "the trace store is unavailable; retry shortly"))
 
 
 @api.exception_handler(Exception)

@@ -6,7 +6,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from slo.metrics import SloCollector
 from traces.store import StoreUnavailable, get_store
 
-from .api import ApiError, ApiTokenAuth
+from .api import ApiError, ApiTokenAuth, error_response
 from .runtime import get_runtime
 
 
@@ -53,10 +53,7 @@ def prometheus_metrics(request):
         try:
             identity = ApiTokenAuth()(request)
         except ApiError as exc:
-            response = JsonResponse({"error": exc.message}, status=exc.status)
-            if exc.status == 429:
-                response["Retry-After"] = str(exc.extra.get("retry_after", 5))
-            return response
+            return error_response(request, exc)
         project_ids = list(identity.projects)
     runtime = get_runtime()
     if runtime is not None:

@@ -79,8 +79,3 @@ def api_failure(address: str) -> None:
         cache.delete(failures_key)
         log.warning("API authentication: %d failures from %s within %ds; refusing it for %ds (429)",
                     count, address, window, cooloff)
-
-
-def reset(address: str) -> None:
-    """Forget the failures and block of one address."""
-    cache.delete_many(list(_keys(address)))
