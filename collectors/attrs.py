@@ -127,6 +127,8 @@ def first_event_offset_ms(span: SpanView, event_names: frozenset[str]) -> float 
 
 ENGINE_CONFIG_ATTRIBUTE = "llm_observatory.engine_config"
 REPLICA_GROUP_ATTRIBUTE = "llm_observatory.replica_group"
+# The served model, on the resource of an engine replica (vLLM's llm_request span does not name it).
+MODEL_ATTRIBUTE = "llm_observatory.model"
 
 
 def _resource_or_span_text(span: SpanView, key: str) -> str | None:
@@ -148,6 +150,12 @@ def replica_group_of(span: SpanView) -> str | None:
     """The replica group that served the call: a resource attribute of the platform's engine replicas, a
     span attribute of its gateway's spans (the group it routed the request to)."""
     return _resource_or_span_text(span, REPLICA_GROUP_ATTRIBUTE)
+
+
+def model_resource_of(span: SpanView) -> str | None:
+    """The model an engine replica serves, from its resource (set through OTEL_RESOURCE_ATTRIBUTES)."""
+    value = span.resource.get(MODEL_ATTRIBUTE)
+    return None if value is None else as_text(value)
 
 
 def is_error(span: SpanView) -> bool:

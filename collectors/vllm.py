@@ -20,12 +20,26 @@ external request id, e.g. ``chatcmpl-…``), ``gen_ai.request.{max_tokens,temper
 top_p,n}`` (each only when set) and, in the versions that set it,
 ``gen_ai.response.model``. vLLM never says whether the request streamed.
 
+vLLM 0.32 does not set ``gen_ai.response.model`` (measured on a real run), so the model
+falls back to the resource attribute ``llm_observatory.model``, which the platform's
+launcher puts in ``OTEL_RESOURCE_ATTRIBUTES`` (the served model name); teams running
+their own vLLM set it the same way. Without either, the request row takes the model
+from the gateway or client hop (traces/decomposition.py).
+
 The platform's engine simulator emits the same span plus the resource attribute
 ``llm_observatory.simulated=true``; it is accepted on equal terms.
 """
 from __future__ import annotations
 
-from collectors.attrs import as_count, as_text, engine_config_of, is_error, replica_group_of, seconds_as_ms
+from collectors.attrs import (
+    as_count,
+    as_text,
+    engine_config_of,
+    is_error,
+    model_resource_of,
+    replica_group_of,
+    seconds_as_ms,
+)
 from collectors.base import LLMCall, Role, SpanView
 
 CONVENTION = "vllm"
@@ -68,7 +82,7 @@ def normalise_owned(span: SpanView) -> LLMCall:
         span.name,
         span.start_ns,
         span.end_ns,
-        as_text(attrs.get("gen_ai.response.model")),  # model
+        as_text(attrs.get("gen_ai.response.model")) or model_resource_of(span),  # model
         as_text(attrs.get("gen_ai.request.id")),  # request_id
         prompt_tokens,
         completion_tokens,

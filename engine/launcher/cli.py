@@ -4,6 +4,7 @@
     python -m engine status [--fleet FILE] [--json]
     python -m engine down [--fleet FILE] [--timeout S]
     python -m engine render --config FILE [--backend vllm|simulator] [--host H] [--port P] ...
+    python -m engine tiny-model DIR [--size test|study] [--check]
 
 ``up`` runs the fleet controller in the foreground until Ctrl-C; with ``--detach`` it
 starts the controller in the background (pid, state and log in the run directory) and
@@ -96,6 +97,12 @@ def build_parser() -> argparse.ArgumentParser:
     render.add_argument("--otlp-protocol", choices=OTLP_PROTOCOLS, default="grpc")
     render.add_argument("--collect-detailed-traces", choices=DETAILED_TRACE_MODULES, default=None)
     render.add_argument("--json", action="store_true", help="print {argv, env} as JSON")
+
+    tiny = commands.add_parser("tiny-model", help="build a random-weight Llama model and tokenizer for real vLLM on CPU")
+    tiny.add_argument("directory", help="where to write the model (created)")
+    tiny.add_argument("--size", choices=("test", "study"), default="test",
+                      help="test: 2 layers, hidden 128; study: 4 layers, hidden 512 (default: test)")
+    tiny.add_argument("--check", action="store_true", help="print the SHA-256 of every file written")
     return parser
 
 
@@ -108,6 +115,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(exc.code) if isinstance(exc.code, int) else EXIT_USAGE
     if args.command == "render":
         return _render(args)
+    if args.command == "tiny-model":
+        return _tiny_model(args)
     try:
         spec = FleetSpec.load(args.fleet or default_fleet_file())
     except FleetSpecError as exc:
@@ -124,6 +133,25 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _err(message: str) -> None:
     print(message, file=sys.stderr)
+
+
+# ---------------------------------------------------------------------------------------------- tiny-model
+def _tiny_model(args: argparse.Namespace) -> int:
+    from engine import tiny_model
+
+    started = time.monotonic()
+    try:
+        directory = tiny_model.build(args.directory, args.size)
+    except OSError as exc:
+        _err(f"cannot write the model into {args.directory}: {exc}")
+        return EXIT_FAILED
+    spec = tiny_model.SIZES[args.size]
+    print(f"built a {spec.name} Llama model ({spec.num_parameters / 1e6:.1f} M parameters, {spec.num_layers} layers, "
+          f"hidden {spec.hidden_size}, vocab {spec.vocab_size}) in {directory} in {time.monotonic() - started:.1f} s")
+    if args.check:
+        for name, digest in tiny_model.checksums(directory).items():
+            print(f"{digest}  {name}")
+    return EXIT_OK
 
 
 # ---------------------------------------------------------------------------------------------- render

@@ -39,6 +39,7 @@ import math
 import os
 import re
 import secrets
+import shutil
 import signal
 import sys
 import time
@@ -63,9 +64,12 @@ from engine.launcher.supervisor import (
 )
 from engine.launcher.vllm_command import (
     DETAILED_TRACE_MODULES,
+    ENV_VLLM_EXECUTABLE,
     OTLP_PROTOCOLS,
     LaunchCommand,
     encode_otlp_headers,
+    find_vllm_executable,
+    host_has_gpu,
     render_simulator_command,
     render_vllm_command,
     write_config_file,
@@ -180,6 +184,9 @@ class FleetSpec:
     supervision: SupervisorPolicy
     groups: tuple[GroupSpec, ...]
     gateway_admin_token: str | None = None
+    # The `vllm` command for backend: vllm (fleet key vllm.executable or $ENGINE_VLLM_EXECUTABLE); None: `make vllm`'s
+    # virtualenv, else `vllm` on PATH (engine.launcher.vllm_command.find_vllm_executable).
+    vllm_executable: str | None = None
     # Supervision keys the file set explicitly (so backend defaults do not override them).
     supervision_overrides: frozenset[str] = frozenset()
     source: str | None = None
@@ -202,6 +209,27 @@ class FleetSpec:
 
     def group(self, name: str) -> GroupSpec | None:
         return next((g for g in self.groups if g.name == name), None)
+
+    def host_problems(self, *, has_gpu: bool | None = None) -> list[str]:
+        """Why this host cannot start the fleet's vLLM groups (no `vllm` command, a GPU type without a GPU)."""
+        vllm_groups = [g for g in self.groups if g.backend == "vllm"]
+        if not vllm_groups:
+            return []
+        problems = []
+        executable = self.resolve_vllm_executable()
+        if executable is None or shutil.which(executable) is None:
+            problems.append(f"backend vllm needs the `vllm` command{f' ({executable} is not one)' if executable else ''}"
+                            ": run `make vllm` (vLLM's CPU build in .venv-vllm), install vLLM on PATH, or set "
+                            "vllm.executable / $ENGINE_VLLM_EXECUTABLE")
+        has_gpu = host_has_gpu() if has_gpu is None else has_gpu
+        for group in vllm_groups:
+            if group.config.gpu_type != "CPU" and not has_gpu:
+                problems.append(f"group {group.name!r}: gpu_type {group.config.gpu_type} needs a GPU and this host "
+                                "has none; use gpu_type: CPU (vLLM's CPU build) or backend: simulator")
+        return problems
+
+    def resolve_vllm_executable(self) -> str | None:
+        return self.vllm_executable or find_vllm_executable()
 
     def policy_for(self, backend: str) -> SupervisorPolicy:
         """The supervision policy of a backend: the fleet's, with the backend's startup timeout unless set."""
@@ -250,8 +278,8 @@ class FleetSpec:
         problems: list[str] = []
         if not isinstance(data, Mapping):
             raise FleetSpecError([f"a fleet file must be a mapping, not {type(data).__name__}"], source)
-        _unknown(data, {"name", "run_dir", "gateway", "control", "replicas", "telemetry", "supervision", "groups"},
-                 "", problems)
+        _unknown(data, {"name", "run_dir", "gateway", "control", "replicas", "telemetry", "supervision", "groups",
+                        "vllm"}, "", problems)
 
         name = data.get("name", "fleet")
         if not isinstance(name, str) or not _GROUP_NAME.match(name):
@@ -309,6 +337,12 @@ class FleetSpec:
             supervision = SupervisorPolicy()
 
         groups = _groups_from(data.get("groups"), problems)
+        vllm_section = _section(data, "vllm", problems)
+        _unknown(vllm_section, {"executable"}, "vllm.", problems)
+        vllm_executable = env.get(ENV_VLLM_EXECUTABLE) or vllm_section.get("executable")
+        if vllm_executable is not None and (not isinstance(vllm_executable, str) or not vllm_executable.strip()):
+            problems.append(f"vllm.executable must be a command or a path, not {vllm_executable!r}")
+            vllm_executable = None
         if problems:
             raise FleetSpecError(problems, source)
         return cls(
@@ -322,6 +356,7 @@ class FleetSpec:
             supervision=supervision,
             groups=groups,
             gateway_admin_token=admin_token,
+            vllm_executable=vllm_executable,
             supervision_overrides=frozenset(supervision_data),
             source=source,
         )
@@ -685,6 +720,13 @@ class FleetController:
                 self.state = "failed"
                 self._write_state()
                 return 1
+            host_problems = self.spec.host_problems()
+            if host_problems:
+                for problem in host_problems:
+                    log.error("cannot start the fleet: %s", problem)
+                self.state = "failed"
+                self._write_state()
+                return 1
             self._start_replicas()
             self._write_state()
             starter = asyncio.ensure_future(self._start_gateway_when_replicas_are_up())
@@ -808,12 +850,14 @@ class FleetController:
                 ), group.env)
             return simulator
 
+        vllm_executable = self.spec.resolve_vllm_executable() or "vllm"
+
         def vllm(port: int) -> LaunchCommand:
             return _with_env(render_vllm_command(
                 config, host=host, port=port, served_model_name=group.served_model_name,
                 otlp_traces_endpoint=telemetry.otlp_endpoint, otlp_protocol=telemetry.otlp_protocol,
                 otlp_headers=telemetry.otlp_headers, collect_detailed_traces=telemetry.collect_detailed_traces,
-                group=group.name,
+                group=group.name, vllm_executable=vllm_executable,
             ), group.env)
         return vllm
 

@@ -518,7 +518,7 @@ class ManagedProcess:
         env.update(command.env)
         with open(self.log_path, "ab") as log_file:
             header = f"\n=== {now_iso()} start #{self.restarts + 1} of {self.name} on port {self.port}: " \
-                     f"{command.shell()}\n"
+                     f"{command.shell(redact=True)}\n"
             log_file.write(header.encode("utf-8", "replace"))
             log_file.flush()
             try:

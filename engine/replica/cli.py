@@ -70,7 +70,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  - {problem}", file=sys.stderr)
         return 2
     try:
-        provider = build_replica_tracer_provider(config, args.group, endpoint=args.otlp_traces_endpoint)
+        provider = build_replica_tracer_provider(config, args.group, endpoint=args.otlp_traces_endpoint,
+                                                 served_model_name=args.served_model_name)
         server = ReplicaServer(
             config,
             host=args.host,

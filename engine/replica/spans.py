@@ -15,9 +15,10 @@ ending when the frontend has processed its last output. Its attributes are float
 with ``gen_ai.usage.{prompt_tokens,completion_tokens}``, ``gen_ai.request.id`` (the
 response id) and ``gen_ai.request.{top_p,max_tokens,temperature,n}`` each set only when
 truthy (vLLM's ``if req_state.temperature:``, so a greedy ``temperature: 0`` request has no
-temperature attribute). ``gen_ai.response.model`` names the served model: vLLM's V0
-engine set it and V1's tracing test still names it (its assertion is commented out); it is
-kept because the platform reads it.
+temperature attribute). No ``gen_ai.response.model``: a real vLLM 0.32 run showed V1 leaves
+it out (the constant exists, nothing sets it), so the simulator leaves it out too and names
+the served model on its resource (``llm_observatory.model``), as the launcher does for real
+vLLM replicas through ``OTEL_RESOURCE_ATTRIBUTES``.
 
 Aborted requests: vLLM's V1 ``OutputProcessor.abort_requests`` does not trace, so a request
 aborted by a client disconnect (or a shutdown) has no ``llm_request`` span and is not
@@ -27,7 +28,7 @@ requests is proposed in the open PR vllm-project/vllm#32162. The replica does th
 Resource: ``service.name`` (``OTEL_SERVICE_NAME`` or ``vllm``), vLLM's
 ``vllm.instrumenting_module_name`` and ``vllm.process_id``, and the simulator's labels
 ``llm_observatory.simulated=true``, ``llm_observatory.engine_config`` (the config version)
-and ``llm_observatory.replica_group``.
+``llm_observatory.replica_group`` and ``llm_observatory.model``.
 """
 from __future__ import annotations
 
@@ -41,6 +42,7 @@ from opentelemetry.trace import SpanKind, Tracer
 from engine.config import EngineConfig
 from engine.telemetry import (
     ENGINE_CONFIG_ATTRIBUTE,
+    MODEL_ATTRIBUTE,
     REPLICA_GROUP_ATTRIBUTE,
     SIMULATED_ATTRIBUTE,
     build_tracer_provider,
@@ -51,9 +53,10 @@ SPAN_NAME = "llm_request"
 INSTRUMENTING_MODULE = "vllm.llm_engine"  # what vLLM's AsyncLLM passes to init_tracer
 
 
-def replica_resource_attributes(config: EngineConfig, group: str) -> dict[str, object]:
-    """Resource attributes of a simulated replica (``service.name`` aside)."""
+def replica_resource_attributes(config: EngineConfig, group: str, model: str | None = None) -> dict[str, object]:
+    """Resource attributes of a simulated replica (``service.name`` aside); ``model`` is the served model name."""
     return {
+        MODEL_ATTRIBUTE: model or config.model,
         "vllm.instrumenting_module_name": INSTRUMENTING_MODULE,
         "vllm.process_id": str(os.getpid()),
         SIMULATED_ATTRIBUTE: True,
@@ -69,6 +72,7 @@ def build_replica_tracer_provider(
     endpoint: str | None = None,
     protocol: str | None = None,
     headers: Mapping[str, str] | None = None,
+    served_model_name: str | None = None,
 ) -> TracerProvider:
     """A provider with the replica's resource, exporting like vLLM (gRPC unless the env says http/protobuf).
 
@@ -81,7 +85,7 @@ def build_replica_tracer_provider(
         endpoint=endpoint,
         protocol=protocol,
         headers=headers,
-        resource_attributes=replica_resource_attributes(config, group),
+        resource_attributes=replica_resource_attributes(config, group, served_model_name),
     )
 
 
@@ -131,7 +135,6 @@ def emit_request_span(
     timings: RequestTimings,
     wall_ns_at,
     request_id: str,
-    model: str,
     max_tokens: int | None,
     temperature: float | None,
     top_p: float | None,
@@ -148,7 +151,6 @@ def emit_request_span(
         "gen_ai.latency.time_in_model_decode": timings.decode,
         "gen_ai.latency.time_in_model_inference": timings.inference,
         "gen_ai.request.id": request_id,
-        "gen_ai.response.model": model,
     }
     if top_p:
         attributes["gen_ai.request.top_p"] = top_p

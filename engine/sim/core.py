@@ -28,6 +28,7 @@ every step, exactly as the V1 loop reads); tests check that the two agree.
 """
 from __future__ import annotations
 
+import dataclasses
 import heapq
 from collections import deque
 from collections.abc import Sequence
@@ -104,7 +105,7 @@ class SimOptions:
     # API-server overhead, for the replica and virtual time: a fixed cost per request (HTTP parsing,
     # validation, response), tokenisation per prompt token before the engine sees the request, and
     # detokenisation per output token after the last one.
-    api_overhead_seconds: float = 1.0e-3
+    api_overhead_seconds: float | None = None  # None: the hardware profile's api_overhead
     tokenize_seconds_per_token: float = 1.5e-6
     detokenize_seconds_per_token: float = 2.0e-6
     # vLLM's --num-gpu-blocks-override: fix the KV pool size instead of planning it from memory.
@@ -117,11 +118,19 @@ class SimOptions:
     def __post_init__(self) -> None:
         for name in ("api_overhead_seconds", "tokenize_seconds_per_token", "detokenize_seconds_per_token"):
             value = getattr(self, name)
+            if value is None and name == "api_overhead_seconds":
+                continue
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
                 raise ValueError(f"SimOptions.{name} must be a number >= 0, not {value!r}")
         override = self.num_gpu_blocks_override
         if override is not None and (isinstance(override, bool) or not isinstance(override, int) or override < 2):
             raise ValueError(f"SimOptions.num_gpu_blocks_override must be an integer >= 2, not {override!r}")
+
+    def resolved_for(self, hardware) -> SimOptions:
+        """These options with the API overhead taken from the hardware profile where it is not set."""
+        if self.api_overhead_seconds is not None:
+            return self
+        return dataclasses.replace(self, api_overhead_seconds=hardware.api_overhead)
 
     def api_time_before(self, prompt_tokens: int) -> float:
         """Seconds between a request's arrival and the engine core queueing it (half the fixed cost + tokenising)."""
@@ -171,8 +180,8 @@ class EngineCore:
                  model: ModelProfile | None = None, options: SimOptions | None = None, seed: int = 0):
         config = config.validate().resolved()
         self.config = config
-        self.options = options or SimOptions()
         self.hardware = hardware or hardware_profile(config.gpu_type)
+        self.options = (options or SimOptions()).resolved_for(self.hardware)
         self.model = model or model_profile(config.model)
         self.cost = StepCostModel(
             self.model, self.hardware, tensor_parallel_size=config.tensor_parallel_size,

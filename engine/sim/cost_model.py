@@ -75,6 +75,7 @@ class StepCostModel:
         self._moe_touched: dict[int, float] = {}
         overhead = hardware.step_overhead if fixed_overhead is None else fixed_overhead
         self._fixed = overhead + model.num_layers * hardware.layer_overhead
+        self._per_sequence = hardware.sequence_overhead
         if tp > 1:
             ring = 2.0 * (tp - 1) / tp
             calls = 2 * model.num_layers
@@ -114,7 +115,8 @@ class StepCostModel:
             bound = compute + self._serial * memory
         else:
             bound = memory + self._serial * compute
-        return bound + self._fixed + num_tokens * self._comm_per_token
+        # One logit position per scheduled sequence (more only with speculative drafts): the per-sequence cost.
+        return bound + self._fixed + num_tokens * self._comm_per_token + num_logits * self._per_sequence
 
     def shape_time(self, shape: PassShape) -> float:
         return self.pass_time(shape.num_tokens, shape.num_logits, shape.attention_pairs, shape.kv_read_tokens)
@@ -129,7 +131,7 @@ class StepCostModel:
         am = (self.weight_bytes(n) + (context_sum + n) * self.kv_bytes_per_token + n * self._act_bytes_per_token) \
             / self._byte_rate
         bm = n * self.kv_bytes_per_token / self._byte_rate
-        const = self._fixed + n * self._comm_per_token
+        const = self._fixed + n * self._comm_per_token + n * self._per_sequence
         return ac, bc, am, bm, const
 
     def decode_step_time(self, num_seqs: int, context_sum: float) -> float:

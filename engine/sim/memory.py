@@ -78,6 +78,12 @@ def plan_memory(config: EngineConfig, model: ModelProfile, hardware: HardwarePro
         + NON_TORCH_BYTES
         + (TP_COMM_BYTES if tp > 1 else 0.0)
     )
+    if config.kv_cache_memory_bytes is not None:
+        # vLLM's --kv-cache-memory-bytes sizes the cache directly and skips the utilisation plan (the CPU build's
+        # way of sizing it, too).
+        kv_cache = float(config.kv_cache_memory_bytes)
+        num_blocks = int(kv_cache // (per_token * config.block_size))
+        return MemoryPlan(kv_cache + weights + activations, weights, activations, kv_cache, per_token, num_blocks)
     kv_cache = budget - weights - activations
     if kv_cache <= 0:
         raise SimulationConfigError(

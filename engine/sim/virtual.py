@@ -156,6 +156,7 @@ def simulate(
     """
     options = dataclasses.replace(options or SimOptions(), record_itl=True)
     engine = EngineCore(config, hardware=hardware, model=model, options=options, seed=seed)
+    options = engine.options  # with the hardware profile's API overhead filled in
     entries = sorted(
         ((request.arrival_time + options.api_time_before(request.prompt_tokens), index, request)
          for index, request in enumerate(requests)),
@@ -176,7 +177,9 @@ def simulate(
             enter, _index, request = entries[position]
             position += 1
             try:
-                add(request, enter)
+                # vLLM's engine core takes new requests from its input queue between steps: a request that
+                # reached it during a step is queued (queued_ts) at the step's end, not when it arrived.
+                add(request, max(enter, now))
             except RequestRejected as exc:
                 rejected.append((request, str(exc)))
                 continue

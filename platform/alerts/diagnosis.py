@@ -360,6 +360,12 @@ def engine_knobs(config_versions: list[str]) -> dict:
             "configs": configs, "acceptance": acceptance}
 
 
+# vLLM's spec-decode counters as the replicas' /metrics name them (checked against real vLLM 0.32 by
+# tests/engine/test_real_vllm.py).
+SPEC_ACCEPTED_TOKENS = "vllm:spec_decode_num_accepted_tokens_total"
+SPEC_DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
+
+
 def speculative_acceptance(upstreams: list[str], timeout: float = 1.0) -> float | None:
     """Accepted / draft tokens summed over the replicas' vLLM metrics (counters since each replica started)."""
     from prometheus_client.parser import text_string_to_metric_families
@@ -373,9 +379,9 @@ def speculative_acceptance(upstreams: list[str], timeout: float = 1.0) -> float 
             continue
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
-                if sample.name == "vllm:spec_decode_num_accepted_tokens_total":
+                if sample.name == SPEC_ACCEPTED_TOKENS:
                     accepted += sample.value
-                elif sample.name == "vllm:spec_decode_num_draft_tokens_total":
+                elif sample.name == SPEC_DRAFT_TOKENS:
                     drafted += sample.value
     return accepted / drafted if drafted else None
 

@@ -115,3 +115,18 @@ def test_other_spans_are_not_vllm(make_span, payloads):
 
 def test_span_kind_does_not_matter(payloads):
     assert vllm.normalise(payloads.vllm_span(kind=SPAN_KIND_INTERNAL)) is not None
+
+
+def test_vllm_032_span_takes_the_model_from_the_resource(payloads):
+    """vLLM 0.32 leaves gen_ai.response.model out (and temperature when 0): the launcher's resource names it."""
+    attributes = {k: v for k, v in payloads.VLLM_ATTRIBUTES.items()
+                  if k not in ("gen_ai.response.model", "gen_ai.request.temperature")}
+    resource = {**payloads.VLLM_RESOURCE, "llm_observatory.model": "tiny-llama"}
+    call = vllm.normalise(payloads.vllm_span(attributes=attributes, resource=resource))
+    assert call is not None and call.model == "tiny-llama"
+    assert call.queue_ms is not None and call.decode_ms is not None
+    # Neither: no model (the decomposition then takes the gateway's or the client's).
+    assert vllm.normalise(payloads.vllm_span(attributes=attributes)).model is None
+    # The span's own attribute, where a vLLM version sets it, wins over the resource.
+    both = vllm.normalise(payloads.vllm_span(resource=resource))
+    assert both.model == payloads.VLLM_ATTRIBUTES["gen_ai.response.model"]

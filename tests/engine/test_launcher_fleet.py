@@ -126,7 +126,7 @@ def test_group_environment_reaches_each_replica_but_not_over_the_tracing_contrac
     spec = FleetSpec.from_dict(data, env={})
     controller = FleetController(spec)
     vllm = controller._replica_factory(spec.groups[0], spec.groups[0].config)(8101)
-    assert vllm.argv[:3] == ("vllm", "serve", "meta-llama/Llama-3.1-8B-Instruct")
+    assert Path(vllm.argv[0]).name == "vllm" and vllm.argv[1:3] == ("serve", "meta-llama/Llama-3.1-8B-Instruct")
     assert vllm.env["CUDA_VISIBLE_DEVICES"] == "0,1" and vllm.env["OTEL_SERVICE_NAME"] == "vllm"
     simulator = controller._replica_factory(spec.groups[1], spec.groups[1].config)(8102)
     assert simulator.env["VLLM_LOGGING_LEVEL"] == "10" and "--config" in simulator.argv

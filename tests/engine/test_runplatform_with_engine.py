@@ -60,7 +60,9 @@ def test_make_up_runs_the_fleet_with_load_and_stops_it_on_sigterm(tmp_path):
             # gateway routed to, no engine config yet. Those with the engine hop have both.
             groups = {(g["key"]["replica_group"], g["key"]["engine_config"]): g for g in body["groups"]
                       if g["key"]["engine_config"]}
-            if {group for group, _ in groups} == {"baseline", "canary"}:
+            # ... and a group's first rows may still wait for their gateway hop (network_ms needs both).
+            if {group for group, _ in groups} == {"baseline", "canary"} and all(
+                    figures["network_ms"]["p50"] is not None for figures in groups.values()):
                 break
             time.sleep(1)
         assert {group for group, _ in groups} == {"baseline", "canary"}, (body, process.log_tail())
