@@ -153,8 +153,10 @@ _H100 = HardwareProfile(
 # virtualised AMD EPYC with AVX-512 BF16, sharing them with the API server and the benchmark client. There is no
 # datasheet: the peak figures are nominal (2 cores x 3 GHz x 128 bf16 FLOP/cycle; one DDR5 channel's worth of
 # bandwidth), and every fitted constant comes from real vLLM runs on the same machine with the fitting
-# configurations of engine/bench/vllm_cpu.py (python -m engine.bench.vllm_cpu --fit), never the held-out ones.
-# The per-step overhead dominates: vLLM's scheduler, input preparation and sampling run in Python.
+# configurations of engine/bench/vllm_cpu.py (python -m engine.bench.vllm_cpu --fit --repeat 2, 2026-11-26:
+# SciPy Nelder-Mead, 7 starts), never the held-out ones. The API server's fixed cost per request (14 ms) and the
+# per-step overhead (1.5 ms) weigh more than on a GPU host: vLLM's frontend, scheduler, input preparation and
+# sampling run in Python on the same two cores as the model.
 _CPU = HardwareProfile(
     name="CPU",
     memory_bytes=0,  # the KV cache is sized by kv_cache_memory_bytes (engine.config.CPU_KV_CACHE_BYTES)
@@ -163,13 +165,13 @@ _CPU = HardwareProfile(
     hbm_bandwidth=40e9,
     interconnect_bandwidth=1e9,
     interconnect_latency=1e-3,
-    mfu=0.65,
-    bandwidth_efficiency=0.4927,
-    serial_fraction=0.4918,
-    step_overhead=1.142e-3,
-    layer_overhead=72.13e-6,
-    sequence_overhead=100e-6,
-    api_overhead=4e-3,
+    mfu=0.4655,
+    bandwidth_efficiency=0.3678,
+    serial_fraction=0.4302,
+    step_overhead=1.536e-3,
+    layer_overhead=23.47e-6,
+    sequence_overhead=29.83e-6,
+    api_overhead=13.99e-3,
 )
 HARDWARE_PROFILES: dict[str, HardwareProfile] = {
     "H100": _H100,
