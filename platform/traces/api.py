@@ -40,6 +40,12 @@ class Hop(Schema):
     start_ns: int
     duration_ms: float
     ttft_ms: Optional[float]
+    network_ms: Optional[float] = Field(None, description="network from the hop above into this one: below a "
+                                        "client, or below a gateway that shows its call to this hop as a span")
+    unattributed_ms: Optional[float] = Field(None, description="the hop above's own processing and the network "
+                                             "into this hop together, where the gateway above shows no call span")
+    processing_ms: Optional[float] = Field(None, description="a gateway's own time: its span minus its call to "
+                                           "the next hop")
 
 
 class NetworkPerHop(Schema):
@@ -65,6 +71,9 @@ class Request(Schema):
     engine_ttft_ms: Optional[float]
     tpot_ms: Optional[float]
     network_ms: Optional[float]
+    gateway_ms: Optional[float] = Field(description="Σ the gateways' own processing where a gateway shows its call "
+                                        "to the next hop; e2e = network + gateway + overhead + queue + prefill + "
+                                        "decode (NULL: counted in network_ms)")
     overhead_ms: Optional[float]
     queue_ms: Optional[float]
     prefill_ms: Optional[float]

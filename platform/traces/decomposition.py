@@ -23,10 +23,14 @@ Chain rules (how calls become requests)
 ---------------------------------------
 1. Every ENGINE call anchors one request. From it, walk up the LLM forest, never past
    another ENGINE call (a request never extends above a different engine call). The
-   nearest GATEWAY call on that walk is its gateway hop; the nearest CLIENT call above
-   the gateway hop (or above the engine if the walk met no gateway) is its client hop.
-   CLIENT calls passed over between the engine and its gateway (e.g. the gateway
-   process's own instrumented SDK call to the engine) are *absorbed* into the request.
+   nearest GATEWAY call on that walk is its first gateway hop. From a gateway hop the
+   chain continues to the nearest GATEWAY ancestor of another service (same-service
+   gateways are its wrappers, rule 4), passing over a CLIENT call only when it is that
+   upper gateway's own call (a client of the upper gateway's service); any other CLIENT,
+   an ENGINE or the root ends the chain. The nearest CLIENT call above the last gateway
+   hop (or above the engine if the walk met no gateway) is its client hop. CLIENT calls
+   passed over between the engine and its gateway (e.g. the gateway process's own
+   instrumented SDK call to the engine) or between two gateways are *absorbed*.
 2. A GATEWAY call that is not a hop of any engine request and is not absorbed (rule 4)
    anchors its own request (gateway -> external provider), with the nearest CLIENT
    above it as client hop. A CLIENT call that is not a hop of anything and is not
@@ -35,11 +39,12 @@ Chain rules (how calls become requests)
    nearest gateway of several engine calls (retries, fallbacks, n>1 fan-out), or a
    client that is the nearest client of several requests (client-side retries) - the
    hop goes to the request whose current outermost hop ENDS LAST (the attempt whose
-   answer came back), ties broken by the larger span id. The losers stop growing:
+   answer came back), ties broken by the larger span id. Chains grow one gateway per
+   round, every request at once, so contention is decided level by level. The losers stop growing:
    an engine that loses its gateway becomes an engine-only request (the engine is its
    outermost hop, its network_ms is NULL) and does not look for a client; a request
    that loses its client keeps its gateway as outermost hop.
-4. Nested calls of one role (two client instrumentations wrapping the same call,
+4. Nested calls of one role in one service (two client instrumentations wrapping the same call,
    LangChain span around an OpenAI SDK span, LiteLLM router span around its
    deployment-call span) are one hop: the nearest one to the engine is the hop (rules
    1-2 always pick the nearest), and a call whose LLM parent has the same role makes
@@ -63,10 +68,17 @@ e2e is its span duration, except the engine hop, whose e2e is ``engine_e2e_ms`` 
 - ``e2e_ms`` = outermost e2e; ``start_ns`` / ``service`` = the outermost hop's.
 - ``queue_ms`` / ``prefill_ms`` / ``decode_ms`` from the engine call.
 - ``overhead_ms`` = engine e2e - (queue + prefill + decode); NULL if any is NULL.
-- ``network_ms`` = outermost e2e - engine e2e; NULL without an engine hop and when
-  the engine itself is the outermost hop (not observed, never 0).
-- ``network_client_gateway_ms`` = client e2e - gateway e2e (both hops present);
-  ``network_gateway_engine_ms`` = gateway e2e - engine e2e (both hops present).
+- Per hop, from the hop above (``Hop.network_ms`` / ``processing_ms`` / ``unattributed_ms``):
+  below a client, all network (client e2e - hop e2e). Below a gateway that shows its call
+  to this hop as a span (this hop's direct parent, a non-LLM span with known times in
+  ``span_times`` or an absorbed client call of the gateway's service), the gateway's
+  ``processing_ms`` = its e2e - the call, and ``network_ms`` = the call - this hop's e2e;
+  otherwise both together as ``unattributed_ms`` = gateway e2e - hop e2e.
+- ``gateway_ms`` = the sum of the gateways' ``processing_ms``; NULL when none is attributed.
+- ``network_ms`` = outermost e2e - engine e2e - gateway_ms (0 when NULL); NULL without an
+  engine hop and when the engine itself is the outermost hop (not observed, never 0).
+- ``network_client_gateway_ms`` = client e2e - outermost gateway e2e (both present);
+  ``network_gateway_engine_ms`` = innermost gateway e2e - engine e2e (both present).
 - ``ttft_ms`` = the outermost hop's ttft; ``engine_ttft_ms`` = the engine's.
 - ``tpot_ms`` = decode / (completion_tokens - 1) if completion_tokens > 1 and decode
   is known (vLLM's definition).
@@ -76,8 +88,8 @@ e2e is its span duration, except the engine hop, whose e2e is ``engine_e2e_ms`` 
 
 Nothing is clamped: a slightly negative network or overhead (clock skew between hosts,
 rounding of the engine's float seconds) is kept as is, because clamping would break
-``e2e = network + overhead + queue + prefill + decode``, which holds exactly (to
-floating point) whenever all five are non-NULL.
+``e2e = network + gateway + overhead + queue + prefill + decode`` (gateway 0 when NULL),
+which holds exactly (to floating point) whenever the other five are non-NULL.
 """
 from __future__ import annotations
 
@@ -105,6 +117,12 @@ class Hop:
     start_ns: int
     duration_ms: float   # span duration (end - start)
     ttft_ms: float | None
+    # From the hop above to this one (None on the outermost hop): the network, when the hop above is a
+    # client or a gateway showing its call to this hop; else the network and the upper gateway's own
+    # processing together, unattributed.
+    network_ms: float | None = None
+    unattributed_ms: float | None = None
+    processing_ms: float | None = None  # a gateway's own time: its span minus its call to the next hop
 
 
 @dataclasses.dataclass(slots=True)
@@ -135,6 +153,7 @@ class RequestRecord:
     hops: list[Hop]
     status: str                       # 'ok' | 'error'
     replica_group: str | None         # the group of the engine replica (else as the gateway or client saw it)
+    gateway_ms: float | None = None   # Σ the gateways' own processing where attributed (see Hop), else None
 
 
 def prompt_bucket(tokens: int | None) -> str:
@@ -162,75 +181,113 @@ def _rank_of(role: object) -> int | None:
     return rank
 
 
-def _first(a, b, c):
-    """First value that is neither None nor ''."""
-    if a is not None and a != "":
-        return a
-    if b is not None and b != "":
-        return b
-    if c is not None and c != "":
-        return c
-    return None
-
-
-def _record(client: LLMCall | None, gateway: LLMCall | None, engine: LLMCall | None) -> RequestRecord:
+def _record(client: LLMCall | None, gateways: list[LLMCall], engine: LLMCall | None,
+            parents: Mapping[str, str], span_times: Mapping[str, tuple[int, int]] | None) -> RequestRecord:
+    """One request from its hops: the client (or None), the gateways outermost first, the engine (or None)."""
     hops: list[Hop] = []
-    client_e2e = gateway_e2e = engine_e2e = None
+    client_e2e = engine_e2e = None
     # Hops are built inline (not through a helper): one request row per trace on the ingest path.
     if client is not None:
         client_e2e = (client.end_ns - client.start_ns) / 1e6
         hops.append(Hop("client", client.span_id, client.service, client.convention, client.name,
                         client.start_ns, client_e2e, client.ttft_ms))
-    if gateway is not None:
-        gateway_e2e = (gateway.end_ns - gateway.start_ns) / 1e6
+    for gateway in gateways:
         hops.append(Hop("gateway", gateway.span_id, gateway.service, gateway.convention, gateway.name,
-                        gateway.start_ns, gateway_e2e, gateway.ttft_ms))
+                        gateway.start_ns, (gateway.end_ns - gateway.start_ns) / 1e6, gateway.ttft_ms))
     queue = prefill = decode = overhead = engine_ttft = None
     if engine is not None:
         duration = (engine.end_ns - engine.start_ns) / 1e6
-        hops.append(Hop("engine", engine.span_id, engine.service, engine.convention, engine.name,
-                        engine.start_ns, duration, engine.ttft_ms))
         engine_e2e = engine.engine_e2e_ms
         if engine_e2e is None:
             engine_e2e = duration
+        hops.append(Hop("engine", engine.span_id, engine.service, engine.convention, engine.name,
+                        engine.start_ns, duration, engine.ttft_ms))
         queue, prefill, decode = engine.queue_ms, engine.prefill_ms, engine.decode_ms
         if queue is not None and prefill is not None and decode is not None:
             overhead = engine_e2e - (queue + prefill + decode)
         engine_ttft = engine.ttft_ms
         anchor = engine
-    elif gateway is not None:
-        anchor = gateway
+    elif gateways:
+        anchor = gateways[-1]
     else:
         anchor = client
-    outer = client if client is not None else (gateway if gateway is not None else engine)
-    e2e = client_e2e if client is not None else (gateway_e2e if gateway is not None else engine_e2e)
-    network = None if (engine is None or outer is engine) else e2e - engine_e2e
-    net_cg = client_e2e - gateway_e2e if (client is not None and gateway is not None) else None
-    net_ge = gateway_e2e - engine_e2e if (gateway is not None and engine is not None) else None
+
+    # Per hop: what separates it from the hop above. A gateway that shows its call to the next hop as a
+    # child span (the next hop's direct parent, e.g. LiteLLM's litellm_request or an HTTP client span)
+    # splits into its own processing (its span minus that call) and the network (the call minus the next
+    # hop); otherwise the two are one unattributed figure. Below a client it is all network.
+    gateway_ms = None
+    for index in range(1, len(hops)):
+        upper, lower = hops[index - 1], hops[index]
+        lower_e2e = engine_e2e if lower.role == "engine" else lower.duration_ms
+        gap = upper.duration_ms - lower_e2e
+        if upper.role == "client":
+            lower.network_ms = gap
+            continue
+        call_ms = None
+        if span_times:
+            parent = parents.get(lower.span_id)
+            if parent is None:
+                parent = (engine if lower.role == "engine" else gateways[index - (client is not None)]).parent_span_id
+            times = span_times.get(parent) if parent and parent != upper.span_id else None
+            if times is not None:
+                call_ms = (times[1] - times[0]) / 1e6
+        if call_ms is None:
+            lower.unattributed_ms = gap
+        else:
+            upper.processing_ms = upper.duration_ms - call_ms
+            lower.network_ms = call_ms - lower_e2e
+            gateway_ms = upper.processing_ms if gateway_ms is None else gateway_ms + upper.processing_ms
+
+    outer = client if client is not None else (gateways[0] if gateways else engine)
+    e2e = client_e2e if client is not None else (hops[0].duration_ms if gateways else engine_e2e)
+    network = None
+    if engine is not None and outer is not engine:
+        network = e2e - engine_e2e - (gateway_ms or 0.0)
+    net_cg = client_e2e - hops[1].duration_ms if (client is not None and gateways) else None
+    net_ge = hops[-2].duration_ms - engine_e2e if (gateways and engine is not None) else None
 
     e = engine or _NO_CALL
-    g = gateway or _NO_CALL
     c = client or _NO_CALL
+    inner = gateways[::-1] if len(gateways) > 1 else gateways  # nearest the engine first, after the engine
+    # The engine's value, else the nearest gateway's, else the client's; the engine usually has them all.
     prompt_tokens = e.prompt_tokens
     if prompt_tokens is None:
-        prompt_tokens = g.prompt_tokens if g.prompt_tokens is not None else c.prompt_tokens
+        prompt_tokens = _pick("prompt_tokens", inner, c)
     completion_tokens = e.completion_tokens
     if completion_tokens is None:
-        completion_tokens = g.completion_tokens if g.completion_tokens is not None else c.completion_tokens
+        completion_tokens = _pick("completion_tokens", inner, c)
+    request_id = e.request_id
+    if not request_id:
+        request_id = _pick_text("request_id", inner, c)
+    model = e.model
+    if not model:
+        model = _pick_text("model", inner, c)
+    engine_config = e.engine_config
+    if not engine_config:
+        engine_config = _pick_text("engine_config", inner, c)
+    replica_group = e.replica_group
+    if not replica_group:
+        replica_group = _pick_text("replica_group", inner, c)
     tpot = None
     if decode is not None and completion_tokens is not None and completion_tokens > 1:
         tpot = decode / (completion_tokens - 1)
-    error = e.is_error or g.is_error or c.is_error
+    error = e.is_error or c.is_error
+    if not error:
+        for gateway in gateways:
+            if gateway.is_error:
+                error = True
+                break
     # Positional (field order of RequestRecord): one is built per request on the ingest path,
     # and 23 keyword arguments cost about twice as much as positions.
     return RequestRecord(
         anchor.trace_id,  # trace_id
         anchor.span_id,  # request_key
-        _first(e.request_id, g.request_id, c.request_id),  # request_id
+        request_id,
         outer.start_ns,  # start_ns
         outer.service,  # service
-        _first(e.model, g.model, c.model),  # model
-        _first(e.engine_config, g.engine_config, c.engine_config),  # engine_config
+        model,
+        engine_config,
         prompt_tokens,
         completion_tokens,
         prompt_bucket(prompt_tokens),
@@ -247,8 +304,28 @@ def _record(client: LLMCall | None, gateway: LLMCall | None, engine: LLMCall | N
         decode,  # decode_ms
         hops,
         "error" if error else "ok",  # status
-        _first(e.replica_group, g.replica_group, c.replica_group),  # replica_group
+        replica_group,
+        gateway_ms,
     )
+
+
+def _pick(field: str, gateways: list, client):
+    """The nearest gateway's value, else the client's (None when neither has one)."""
+    for gateway in gateways:
+        value = getattr(gateway, field)
+        if value is not None:
+            return value
+    return getattr(client, field)
+
+
+def _pick_text(field: str, gateways: list, client):
+    """As _pick, skipping empty strings too."""
+    for gateway in gateways:
+        value = getattr(gateway, field)
+        if value is not None and value != "":
+            return value
+    value = getattr(client, field)
+    return value if value is not None and value != "" else None
 
 
 class _NoCall:
@@ -312,19 +389,23 @@ def _claim_key(call: LLMCall) -> tuple[int, str]:
     return (call.end_ns, call.span_id)
 
 
-def decompose_trace(calls: Iterable[LLMCall], parents: Mapping[str, str]) -> list[RequestRecord]:
+def decompose_trace(calls: Iterable[LLMCall], parents: Mapping[str, str],
+                    span_times: Mapping[str, tuple[int, int]] | None = None) -> list[RequestRecord]:
     """One `RequestRecord` per LLM request of one trace, sorted by (start_ns, request_key).
 
     ``calls``: every LLM call known so far for the trace, any order. ``parents``:
     span_id -> parent_span_id ('' for roots) of every span known in the trace,
-    LLM or not. See the module docstring for the rules.
+    LLM or not. ``span_times``: span_id -> (start_ns, end_ns) of non-LLM spans, where known (a gateway's
+    own call to the next hop, e.g. an HTTP client span, splits its processing from the network). See the
+    module docstring for the rules.
     """
     if calls.__class__ is not list:
         calls = list(calls)
     if len(calls) <= 3:  # most traces: one SDK call, gateway and engine call; answered without the rules
         chain = _simple_chain(calls, parents)
         if chain is not None:
-            return [_record(*chain)]
+            client, gateway, engine = chain
+            return [_record(client, [] if gateway is None else [gateway], engine, parents, span_times)]
 
     # -- index the calls (deterministic de-duplication by span id) ---------------------
     by_id: dict[str, LLMCall] = {}
@@ -396,15 +477,18 @@ def decompose_trace(calls: Iterable[LLMCall], parents: Mapping[str, str]) -> lis
             up[min(path[path.index(s):])] = None
 
     # -- rule 4: calls with a same-role LLM child are wrappers -------------------------
+    # A gateway under a gateway of ANOTHER service is not wrapped by it: the upper one is the next
+    # gateway of a chain (LiteLLM in front of the platform's gateway). Same service: one hop.
     wrappers = set()
     for sid, p in up.items():
         if p is not None and rank[p] == rank[sid]:
+            if rank[sid] == _GATEWAY and by_id[p].service != by_id[sid].service:
+                continue
             wrappers.add(p)
 
     # -- rule 1 + 3: engines claim their nearest gateway -------------------------------
     engines = [sid for sid, r in rank.items() if r == _ENGINE]
     gateway_of: dict[str, str] = {}      # engine -> nearest gateway (candidate)
-    winner: dict[str, str] = {}          # gateway -> engine that got it
     passed: set[str] = set()             # clients passed over below a gateway hop (absorbed)
     gw_memo: dict[str, str | None] = {}  # client -> nearest gateway above it (engine walks)
     for e in engines:
@@ -431,18 +515,112 @@ def decompose_trace(calls: Iterable[LLMCall], parents: Mapping[str, str]) -> lis
                 passed.update(path)
         if g is not None:
             gateway_of[e] = g
-            cur = winner.get(g)
-            if cur is None or _claim_key(by_id[e]) > _claim_key(by_id[cur]):
-                winner[g] = e
 
-    # -- requests: [client, gateway, engine]; rule 3 for clients -----------------------
-    requests: list[list] = []
+    def next_gateway(hop: str) -> str | None:
+        """The gateway a chain continues to above gateway ``hop``: the nearest gateway ancestor of another
+        service, skipping that service's own wrappers and its own outgoing SDK call (a client span of the
+        same service just below it); None when a client, an engine or the root comes first."""
+        below_service = by_id[hop].service
+        s = up[hop]
+        while s is not None:
+            r = rank[s]
+            if r == _ENGINE:
+                return None
+            if r == _GATEWAY:
+                if by_id[s].service == below_service:  # a wrapper of the hop (same process): one hop
+                    s = up[s]
+                    continue
+                return s
+            # A client: the upstream gateway's own call to this hop when a gateway of its service is its
+            # nearest LLM ancestor; otherwise the application, which ends the chain.
+            a = up[s]
+            while a is not None and rank[a] == _CLIENT:
+                a = up[a]
+            if a is not None and rank[a] == _GATEWAY and by_id[a].service == by_id[s].service:
+                s = a
+                continue
+            return None
+        return None
+
+    def passed_between(low: str, high: str) -> list[str]:
+        out = []
+        s = up[low]
+        while s is not None and s != high:
+            if rank[s] == _CLIENT:
+                out.append(s)
+            s = up[s]
+        return out
+
+    # Requests grow upwards one gateway at a time, all at once per round; a gateway wanted by several
+    # goes to the request whose current outermost hop ends last (rule 3), the others stop growing.
+    claimed: set[str] = set()
+    requests: list[list] = []   # [client, [gateways, innermost first], engine]
+    stopped: list[tuple[list, bool]] = []  # (request, looks for a client)
+
+    def grow(active: list[list]) -> None:
+        while active:
+            wanted: dict[str, list[list]] = {}
+            for req in active:
+                top = req[1][-1]
+                nxt = next_gateway(top)
+                if nxt is None or nxt in claimed:
+                    stopped.append((req, nxt is None))
+                    continue
+                wanted.setdefault(nxt, []).append(req)
+            active = []
+            for nxt, reqs in wanted.items():
+                win = max(reqs, key=lambda req: _claim_key(by_id[req[1][-1]]))
+                for req in reqs:
+                    passed.update(passed_between(req[1][-1], nxt))
+                    if req is not win:
+                        stopped.append((req, False))
+                win[1].append(nxt)
+                claimed.add(nxt)
+                active.append(win)
+
+    first: dict[str, list[list]] = {}
+    for e in engines:
+        g = gateway_of.get(e)
+        req = [None, [], e]
+        requests.append(req)
+        if g is None:
+            s = up[e]
+            if s is not None and rank[s] == _CLIENT:
+                stopped.append((req, True))
+            continue
+        first.setdefault(g, []).append(req)
+    active = []
+    for g, reqs in first.items():
+        win = max(reqs, key=lambda req: _claim_key(by_id[req[2]]))
+        win[1].append(g)
+        claimed.add(g)
+        active.append(win)
+    grow(active)
+
+    # -- rule 2: gateways no engine request took anchor their own (lowest first) --------
+    remaining = {sid for sid, r in rank.items() if r == _GATEWAY and sid not in claimed and sid not in wrappers}
+    while remaining:
+        targets = {next_gateway(g) for g in remaining}
+        anchors = sorted(g for g in remaining if g not in targets) or [min(remaining)]
+        active = []
+        for g in anchors:
+            req = [None, [g], None]
+            requests.append(req)
+            claimed.add(g)
+            active.append(req)
+        grow(active)
+        remaining -= claimed
+
+    # -- rule 3 for clients: the nearest client above each request's outermost hop ------
     client_claims: dict[str, tuple[tuple[int, str], list]] = {}
-    cl_memo: dict[str, str | None] = {}  # gateway -> nearest client above it
-
-    def claim_client(req: list, top: str, s: str | None) -> None:
+    cl_memo: dict[str, str | None] = {}
+    for req, looks in stopped:
+        if not looks:
+            continue
+        top = req[1][-1] if req[1] else req[2]
         path = []
         c = None
+        s = up[top]
         while s is not None:
             r = rank[s]
             if r == _CLIENT:
@@ -464,37 +642,23 @@ def decompose_trace(calls: Iterable[LLMCall], parents: Mapping[str, str]) -> lis
             if cur is None or key > cur[0]:
                 client_claims[c] = (key, req)
 
-    for e in engines:
-        g = gateway_of.get(e)
-        if g is None:
-            req = [None, None, e]
-            s = up[e]
-            if s is not None and rank[s] == _CLIENT:
-                claim_client(req, e, s)
-        elif winner[g] == e:
-            req = [None, g, e]
-            claim_client(req, g, up[g])
-        else:
-            req = [None, None, e]
-        requests.append(req)
-
-    for sid, r in rank.items():
-        if r == _GATEWAY and sid not in winner and sid not in wrappers:
-            req = [None, sid, None]
-            claim_client(req, sid, up[sid])
-            requests.append(req)
-
     for c, (_, req) in client_claims.items():
         req[0] = c
     for sid, r in rank.items():
         if r == _CLIENT and sid not in client_claims and sid not in wrappers and sid not in passed:
-            requests.append([sid, None, None])
+            requests.append([sid, [], None])
 
     # -- figures ----------------------------------------------------------------------
     get = by_id.get
-    records = [_record(None if c is None else get(c), None if g is None else get(g),
-                       None if e is None else get(e))
-               for c, g, e in requests]
+    if passed:
+        # An absorbed client call (a gateway's own instrumented call to the next hop) is that call's span.
+        times = dict(span_times or {})
+        for sid in passed:
+            times[sid] = (by_id[sid].start_ns, by_id[sid].end_ns)
+        span_times = times
+    records = [_record(None if c is None else get(c), [get(g) for g in reversed(gs)],
+                       None if e is None else get(e), parents, span_times)
+               for c, gs, e in requests]
     if len(records) > 1:
         records.sort(key=lambda rec: (rec.start_ns, rec.request_key))
     return records

@@ -23,8 +23,8 @@ REQUEST_FIELDS = (
     "trace_id", "request_key", "request_id", "start_time", "service", "model", "engine_config", "replica_group",
     "prompt_tokens",
     "completion_tokens", "prompt_bucket", "e2e_ms", "ttft_ms", "engine_ttft_ms", "tpot_ms", "network_ms",
-    "network_client_gateway_ms", "network_gateway_engine_ms", "overhead_ms", "queue_ms", "prefill_ms", "decode_ms",
-    "hops", "status",
+    "network_client_gateway_ms", "network_gateway_engine_ms", "gateway_ms", "overhead_ms", "queue_ms", "prefill_ms",
+    "decode_ms", "hops", "status",
 )
 
 

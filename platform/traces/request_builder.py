@@ -31,6 +31,7 @@ REQUEST_COLUMNS = (
     "prompt_tokens", "completion_tokens", "prompt_bucket", "e2e_ms", "ttft_ms", "engine_ttft_ms", "tpot_ms",
     "network_ms", "network_client_gateway_ms", "network_gateway_engine_ms", "overhead_ms", "queue_ms",
     "prefill_ms", "decode_ms", "hops", "status", "version", "is_deleted", "retention_days", "replica_group",
+    "gateway_ms",
 )
 
 _CALL_FIELDS = (
@@ -73,16 +74,18 @@ def request_row(project_id: int, record: RequestRecord, version: int, retention_
             {
                 "role": hop.role, "span_id": hop.span_id, "service": hop.service, "convention": hop.convention,
                 "name": hop.name, "start_ns": hop.start_ns, "duration_ms": hop.duration_ms, "ttft_ms": hop.ttft_ms,
+                "network_ms": hop.network_ms, "unattributed_ms": hop.unattributed_ms,
+                "processing_ms": hop.processing_ms,
             }
             for hop in record.hops
         ],
-        record.status, version, 0, retention_days, record.replica_group or "",
+        record.status, version, 0, retention_days, record.replica_group or "", record.gateway_ms,
     ]
 
 
 def tombstone_row(project_id: int, trace_id: str, request_key: str, start_us: int, version: int) -> list:
     return [project_id, trace_id, request_key, "", _us_text(start_us), "", "", "", None, None, "", None, None, None,
-            None, None, None, None, None, None, None, None, [], "", version, 1, 1, ""]
+            None, None, None, None, None, None, None, None, [], "", version, 1, 1, "", None]
 
 
 class _Trace:
