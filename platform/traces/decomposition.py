@@ -384,6 +384,11 @@ def _simple_chain(calls: list[LLMCall], parents: Mapping[str, str]):
     return slots
 
 
+def _neg(span_id: str) -> tuple[int, ...]:
+    """Sorts span ids in reverse (ties go to the larger span id, as in rule 3)."""
+    return tuple(-ord(ch) for ch in span_id)
+
+
 def _claim_key(call: LLMCall) -> tuple[int, str]:
     """Rule 3 order: the attempt that ends last wins; ties -> larger span id."""
     return (call.end_ns, call.span_id)
@@ -486,6 +491,48 @@ def decompose_trace(calls: Iterable[LLMCall], parents: Mapping[str, str],
                 continue
             wrappers.add(p)
 
+    # -- rule 5: a gateway that forwarded its caller's traceparent is a sibling ---------
+    # LiteLLM (forward_traceparent_to_llm_provider) passes on the traceparent it RECEIVED, so the next hop's
+    # span is a sibling of LiteLLM's span, not its child (measured with LiteLLM 1.108). A gateway of another
+    # service with the same direct parent whose span contains the hop's span is the hop above it.
+    by_parent: dict[str, list[str]] = {}
+    for sid, r in rank.items():
+        if r == _GATEWAY:
+            p = parents.get(sid)
+            if p is None:
+                p = by_id[sid].parent_span_id
+            if p:
+                by_parent.setdefault(p, []).append(sid)
+    sibling_memo: dict[str, str | None] = {}
+
+    def sibling_gateway(sid: str) -> str | None:
+        """The innermost gateway of another service sharing ``sid``'s direct parent and containing its span."""
+        if not by_parent:
+            return None
+        found = sibling_memo.get(sid, _MISSING)
+        if found is not _MISSING:
+            return found
+        p = parents.get(sid)
+        if p is None:
+            p = by_id[sid].parent_span_id
+        call = by_id[sid]
+        best = None
+        for x in by_parent.get(p, ()) if p else ():
+            other = by_id[x]
+            if x == sid or other.service == call.service or x in wrappers:
+                continue
+            if other.start_ns > call.start_ns or other.end_ns < call.end_ns:
+                continue
+            span = other.end_ns - other.start_ns
+            if span == call.end_ns - call.start_ns and x < sid:
+                continue  # equal spans: only one of the two may be the other's upstream
+            key = (span, _neg(x))
+            if best is None or key < best[0]:
+                best = (key, x)
+        found = None if best is None else best[1]
+        sibling_memo[sid] = found
+        return found
+
     # -- rule 1 + 3: engines claim their nearest gateway -------------------------------
     engines = [sid for sid, r in rank.items() if r == _ENGINE]
     gateway_of: dict[str, str] = {}      # engine -> nearest gateway (candidate)
@@ -513,6 +560,8 @@ def decompose_trace(calls: Iterable[LLMCall], parents: Mapping[str, str],
                 gw_memo[x] = g
             if g is not None:
                 passed.update(path)
+        if g is None:
+            g = sibling_gateway(e)
         if g is not None:
             gateway_of[e] = g
 
@@ -520,6 +569,9 @@ def decompose_trace(calls: Iterable[LLMCall], parents: Mapping[str, str],
         """The gateway a chain continues to above gateway ``hop``: the nearest gateway ancestor of another
         service, skipping that service's own wrappers and its own outgoing SDK call (a client span of the
         same service just below it); None when a client, an engine or the root comes first."""
+        sibling = sibling_gateway(hop)
+        if sibling is not None:
+            return sibling
         below_service = by_id[hop].service
         s = up[hop]
         while s is not None:
@@ -543,13 +595,14 @@ def decompose_trace(calls: Iterable[LLMCall], parents: Mapping[str, str],
         return None
 
     def passed_between(low: str, high: str) -> list[str]:
+        """The clients between ``low`` and its ancestor ``high`` (none when ``high`` is a sibling, rule 5)."""
         out = []
         s = up[low]
         while s is not None and s != high:
             if rank[s] == _CLIENT:
                 out.append(s)
             s = up[s]
-        return out
+        return out if s == high else []
 
     # Requests grow upwards one gateway at a time, all at once per round; a gateway wanted by several
     # goes to the request whose current outermost hop ends last (rule 3), the others stop growing.

@@ -132,3 +132,48 @@ def test_same_service_gateways_stay_one_hop():
     calls = [c, router, deploy, gw, e]
     [rec] = decompose_trace(calls, parents_of(calls))
     assert span_ids(rec) == ["c1", "deploy", "gw", "e1"]
+
+
+# What a real LiteLLM 1.108 proxy with forward_traceparent_to_llm_provider: true emitted, in front of the platform's
+# gateway (spans read back from the platform, 2026-11-26): LiteLLM forwards the traceparent it RECEIVED, so the
+# gateway's span is a sibling of LiteLLM's proxy span under the caller's span, not its child.
+def litellm_sibling_trace(with_client: bool):
+    parent = "c1" if with_client else "remote"
+    calls = []
+    if with_client:
+        calls.append(call("c1", "", "client", 0, 540, service="app", convention="openllmetry"))
+    calls += [
+        call("proxy", parent, "gateway", 17.4, 513.6, service="litellm-proxy", name="Received Proxy Server Request"),
+        call("gw", parent, "gateway", 396.6, 511.5, service="llm-gateway", name="chat llama"),
+        engine("e1", "gw", start_ms=397.3, end_ms=510.4, engine_e2e_ms=112.0),
+    ]
+    extra = {"http": parent, "lreq": "proxy", "raw": "lreq", "router": "proxy"}  # LiteLLM's own non-LLM spans
+    return calls, parents_of(calls, **extra)
+
+
+@pytest.mark.parametrize("with_client", [True, False])
+def test_litellm_forwarding_its_callers_traceparent_is_still_one_chain(with_client):
+    calls, parents = litellm_sibling_trace(with_client)
+    for order in itertools.permutations(calls):
+        recs = decompose_trace(list(order), parents)
+        assert [span_ids(r) for r in recs] == [(["c1"] if with_client else []) + ["proxy", "gw", "e1"]]
+    [rec] = recs
+    assert rec.model == "llama-3-8b" and rec.e2e_ms == pytest.approx(540 if with_client else 496.2)
+    assert rec.hops[-2].unattributed_ms == pytest.approx(496.2 - 114.9)  # LiteLLM's processing + network
+    assert rec.e2e_ms == pytest.approx(exact_sum(rec))
+
+
+def test_litellm_straight_to_vllm_with_forwarded_traceparent():
+    proxy = call("proxy", "remote", "gateway", 0, 500, service="litellm-proxy")
+    e = engine("e1", "remote", start_ms=100, end_ms=480)
+    [rec] = decompose_trace([proxy, e], parents_of([proxy, e]))
+    assert span_ids(rec) == ["proxy", "e1"] and rec.network_ms is not None
+
+
+def test_sibling_gateway_must_contain_the_hop():
+    """A sibling gateway that does not contain the hop in time is another request, never its upstream."""
+    before = call("proxy", "remote", "gateway", 0, 100, service="litellm-proxy")
+    gw = call("gw", "remote", "gateway", 150, 600, service="llm-gateway")
+    e = engine("e1", "gw", start_ms=160, end_ms=590)
+    recs = decompose_trace([before, gw, e], parents_of([before, gw, e]))
+    assert [span_ids(r) for r in recs] == [["proxy"], ["gw", "e1"]]
