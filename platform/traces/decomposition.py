@@ -52,6 +52,14 @@ Chain rules (how calls become requests)
    only possible "other claim") is absorbed. Engine calls are never merged: each is a
    separate unit of work of the engine and always anchors a request (rule 1).
    Absorbed calls belong to no row and do not affect any figure or the status.
+5. Forwarded traceparent. A gateway that passes on the traceparent it received (LiteLLM's
+   forward_traceparent_to_llm_provider) makes the next hop's span its sibling. Where rules 1
+   and the chain walk look for the gateway above a hop (an engine without a gateway
+   ancestor, or the next gateway of a chain), a gateway of another service with the same
+   direct parent span that was in flight when the hop's span started comes first (the one
+   that started last, ties to the larger span id; of two equal starts only the larger id is
+   the upper one). Not "contains": LiteLLM closes its span on receiving the response, a
+   moment before the next hop closes its own after sending it (seen on real runs).
 
 Every LLM call therefore ends up as exactly one of: a hop of exactly one request, or
 absorbed. Known limitation: a CLIENT call that is a leaf directly under a GATEWAY with
@@ -494,7 +502,7 @@ def decompose_trace(calls: Iterable[LLMCall], parents: Mapping[str, str],
     # -- rule 5: a gateway that forwarded its caller's traceparent is a sibling ---------
     # LiteLLM (forward_traceparent_to_llm_provider) passes on the traceparent it RECEIVED, so the next hop's
     # span is a sibling of LiteLLM's span, not its child (measured with LiteLLM 1.108). A gateway of another
-    # service with the same direct parent whose span contains the hop's span is the hop above it.
+    # service with the same direct parent, in flight when the hop's span started, is the hop above it.
     by_parent: dict[str, list[str]] = {}
     for sid, r in rank.items():
         if r == _GATEWAY:
@@ -506,7 +514,7 @@ def decompose_trace(calls: Iterable[LLMCall], parents: Mapping[str, str],
     sibling_memo: dict[str, str | None] = {}
 
     def sibling_gateway(sid: str) -> str | None:
-        """The innermost gateway of another service sharing ``sid``'s direct parent and containing its span."""
+        """The innermost gateway of another service sharing ``sid``'s direct parent, in flight when ``sid`` started."""
         if not by_parent:
             return None
         found = sibling_memo.get(sid, _MISSING)
@@ -521,12 +529,13 @@ def decompose_trace(calls: Iterable[LLMCall], parents: Mapping[str, str],
             other = by_id[x]
             if x == sid or other.service == call.service or x in wrappers:
                 continue
-            if other.start_ns > call.start_ns or other.end_ns < call.end_ns:
+            # The upstream was in flight when the hop started. Not "contains it": the upstream may close its
+            # span (on receiving the response) a moment before the hop closes its own (after sending it).
+            if not other.start_ns <= call.start_ns <= other.end_ns:
                 continue
-            span = other.end_ns - other.start_ns
-            if span == call.end_ns - call.start_ns and x < sid:
-                continue  # equal spans: only one of the two may be the other's upstream
-            key = (span, _neg(x))
+            if other.start_ns == call.start_ns and x < sid:
+                continue  # equal starts: only one of the two may be the other's upstream
+            key = (-other.start_ns, _neg(x))  # the latest to start is the innermost
             if best is None or key < best[0]:
                 best = (key, x)
         found = None if best is None else best[1]

@@ -170,8 +170,18 @@ def test_litellm_straight_to_vllm_with_forwarded_traceparent():
     assert span_ids(rec) == ["proxy", "e1"] and rec.network_ms is not None
 
 
-def test_sibling_gateway_must_contain_the_hop():
-    """A sibling gateway that does not contain the hop in time is another request, never its upstream."""
+def test_sibling_gateway_ending_a_moment_before_the_hop_is_still_its_upstream():
+    """LiteLLM closes its span on receiving the response, a moment before the gateway closes its own."""
+    proxy = call("proxy", "remote", "gateway", 0, 500, service="litellm-proxy")
+    gw = call("gw", "remote", "gateway", 100, 500.3, service="llm-gateway")
+    e = engine("e1", "gw", start_ms=110, end_ms=490)
+    [rec] = decompose_trace([proxy, gw, e], parents_of([proxy, gw, e]))
+    assert span_ids(rec) == ["proxy", "gw", "e1"]
+    assert rec.e2e_ms == pytest.approx(exact_sum(rec))
+
+
+def test_sibling_gateway_must_be_in_flight_when_the_hop_starts():
+    """A sibling gateway that ended before the hop started is another request, never its upstream."""
     before = call("proxy", "remote", "gateway", 0, 100, service="litellm-proxy")
     gw = call("gw", "remote", "gateway", 150, 600, service="llm-gateway")
     e = engine("e1", "gw", start_ms=160, end_ms=590)
