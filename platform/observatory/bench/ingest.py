@@ -63,14 +63,16 @@ def main(argv=None) -> None:
     parser.add_argument("--senders", type=int, default=2)
     parser.add_argument("--cpu-detail", action="store_true",
                         help="also print the platform's CPU per span by thread name (Python threads are 'python')")
+    parser.add_argument("--hops", type=int, choices=(3, 5), default=3,
+                        help="spans per trace: 3 (client → gateway → engine) or 5 (two more gateways in front)")
     parser.add_argument("--preload-traces", type=int, default=0,
                         help="traces (3 spans and a request row each) stored before the run")
     args = parser.parse_args(argv)
 
     rng = random.Random(7)
     since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - 3600))
-    payloads = [chain_batch(333, rng) for _ in range(args.batches)]
-    spans_total = sum(3 * len(ids) for _, ids in payloads)
+    payloads = [chain_batch(1000 // args.hops, rng, hops=args.hops) for _ in range(args.batches)]
+    spans_total = sum(args.hops * len(ids) for _, ids in payloads)
     traces_total = sum(len(ids) for _, ids in payloads)
 
     started = time.perf_counter()

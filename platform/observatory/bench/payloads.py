@@ -32,8 +32,11 @@ def _resource(request, service, extra=()):
     return rs.scope_spans.add()
 
 
-def chain_batch(traces: int, rng: random.Random, base_ns: int | None = None) -> tuple[bytes, list[str]]:
-    """One export request holding `traces` complete 3-span chains (3 × traces spans)."""
+def chain_batch(traces: int, rng: random.Random, base_ns: int | None = None, hops: int = 3) -> tuple[bytes, list[str]]:
+    """One export request holding `traces` complete chains of `hops` spans (3: client → gateway → engine; 5: two
+    more gateways of other services in front, an edge gateway and a LiteLLM-like proxy)."""
+    if hops not in (3, 5):
+        raise ValueError("hops must be 3 or 5")
     base_ns = base_ns or time.time_ns() - 60_000_000_000
     request = ExportTraceServiceRequest()
     client_scope = _resource(request, "chat-app")
@@ -43,6 +46,12 @@ def chain_batch(traces: int, rng: random.Random, base_ns: int | None = None) -> 
     engine_scope = _resource(request, "vllm", (("vllm.instrumenting_module_name", "vllm.entrypoints.openai"),
                                                ("vllm.process_id", 4242)))
     engine_scope.scope.name = "vllm.tracing"
+    fronts = []
+    if hops == 5:
+        for service in ("edge-gateway", "litellm-proxy"):
+            scope = _resource(request, service)
+            scope.scope.name = "llm_observatory.gateway"
+            fronts.append(scope)
     trace_ids = []
     for i in range(traces):
         trace_id = os.urandom(16)
@@ -62,6 +71,18 @@ def chain_batch(traces: int, rng: random.Random, base_ns: int | None = None) -> 
         c = client_scope.spans.add()
         c.trace_id, c.span_id, c.name, c.kind = trace_id, client_id, f"chat {model}", 3
         c.start_time_unix_nano, c.end_time_unix_nano = start, client_end
+        parent_of_gateway = client_id
+        for depth, scope in enumerate(fronts, start=1):  # gateways in front: each nested 0.5 ms inside the last
+            f = scope.spans.add()
+            front_id = os.urandom(8)
+            f.trace_id, f.span_id, f.parent_span_id, f.name, f.kind = (trace_id, front_id, parent_of_gateway,
+                                                                       f"chat {model}", 2)
+            f.start_time_unix_nano = start + depth * 500_000
+            f.end_time_unix_nano = client_end - depth * 500_000
+            for key, value in (("gen_ai.operation.name", "chat"), ("gen_ai.request.model", model),
+                               ("http.request.method", "POST"), ("url.path", "/v1/chat/completions")):
+                add_attribute(f.attributes, key, value)
+            parent_of_gateway = front_id
         for key, value in (("gen_ai.operation.name", "chat"), ("gen_ai.provider.name", "openai"),
                            ("gen_ai.request.model", model), ("gen_ai.response.model", model),
                            ("gen_ai.request.max_tokens", 1024), ("gen_ai.request.temperature", 0.7),
@@ -71,7 +92,8 @@ def chain_batch(traces: int, rng: random.Random, base_ns: int | None = None) -> 
             add_attribute(c.attributes, key, value)
 
         g = gateway_scope.spans.add()
-        g.trace_id, g.span_id, g.parent_span_id, g.name, g.kind = trace_id, gateway_id, client_id, f"chat {model}", 2
+        g.trace_id, g.span_id, g.parent_span_id, g.name, g.kind = (trace_id, gateway_id, parent_of_gateway,
+                                                                   f"chat {model}", 2)
         g.start_time_unix_nano, g.end_time_unix_nano = start + 2_000_000, gateway_end
         for key, value in (("gen_ai.operation.name", "chat"), ("gen_ai.request.model", model),
                            ("gen_ai.usage.input_tokens", prompt), ("gen_ai.usage.output_tokens", completion),
