@@ -35,6 +35,17 @@ class SpanEvent:
     attributes: dict[str, Any]
 
 
+# Non-LLM spans that are a hop's call to the next hop: OTel HTTP client spans (kind CLIENT) and LiteLLM's call to its
+# provider (litellm_request, and raw_gen_ai_request with the same times). Their start and end are kept with the
+# trace so the decomposition can split a gateway's own processing from the network (traces/decomposition.py).
+SPAN_KIND_CLIENT = 3
+CALL_SPAN_NAMES = frozenset({"litellm_request", "raw_gen_ai_request"})
+
+
+def is_call_span(kind: int, name: str) -> bool:
+    return kind == SPAN_KIND_CLIENT or name in CALL_SPAN_NAMES
+
+
 @dataclasses.dataclass(slots=True)
 class SpanView:
     """One validated span, the same whether it came as OTLP protobuf or OTLP JSON.

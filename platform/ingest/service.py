@@ -22,6 +22,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from tenancy.keys import IngestIdentity
 
 from collectors.registry import normalise_span
+from collectors.base import CALL_SPAN_NAMES, SPAN_KIND_CLIENT
 
 from . import metrics
 from .limits import MalformedPayload, PayloadTooLarge, UnsupportedEncoding, decompress
@@ -204,7 +205,8 @@ _REFUSALS = {
 
 
 def build_record(identity: IngestIdentity, decoded: Decoded, arrival: float | None = None) -> tuple[tuple, tuple]:
-    """The spool record, and an in-memory memo `(calls, edges, retention_days)` the request builder can
+    """The spool record, and an in-memory memo `(calls, edges, retention_days, call span times by trace)` the
+    request builder can
     use instead of reading these spans back from ClickHouse."""
     project_id = identity.project_id
     retention = identity.retention_days
@@ -216,6 +218,8 @@ def build_record(identity: IngestIdentity, decoded: Decoded, arrival: float | No
     edge_traces: list[str] = []
     edge_spans: list[str] = []
     edge_parents: list[str] = []
+    # Call spans (collectors.base.is_call_span) that are not LLM calls: span id -> (start, end), per trace.
+    call_times: dict[str, dict[str, tuple[int, int]]] = {}
     add_span_row = span_rows.append
     add_trace = edge_traces.append
     add_span = edge_spans.append
@@ -245,6 +249,11 @@ def build_record(identity: IngestIdentity, decoded: Decoded, arrival: float | No
         if call is not None:
             call_rows.append(call_row(project_id, retention, call))
             calls.append(call)
+        elif span.kind == SPAN_KIND_CLIENT or span.name in CALL_SPAN_NAMES:
+            times = call_times.get(span.trace_id)
+            if times is None:
+                times = call_times[span.trace_id] = {}
+            times[span.span_id] = (span.start_ns, span.end_ns)
         add_trace(span.trace_id)
         add_span(span.span_id)
         add_parent(span.parent_span_id)
@@ -263,4 +272,4 @@ def build_record(identity: IngestIdentity, decoded: Decoded, arrival: float | No
         spans_json = fast.span_rows(project_id, retention, conventions, rids)
     record = (project_id, trace_ids, spans_json, encode_rows(call_rows), len(decoded.spans), len(call_rows),
               resource_rows, RECORD_FORMAT, time.time() if arrival is None else arrival)
-    return record, (calls, (edge_traces, edge_spans, edge_parents), retention)
+    return record, (calls, (edge_traces, edge_spans, edge_parents), retention, call_times)

@@ -190,7 +190,8 @@ def _rank_of(role: object) -> int | None:
 
 
 def _record(client: LLMCall | None, gateways: list[LLMCall], engine: LLMCall | None,
-            parents: Mapping[str, str], span_times: Mapping[str, tuple[int, int]] | None) -> RequestRecord:
+            parents: Mapping[str, str], span_times: Mapping[str, tuple[int, int]] | None,
+            calls_under: Mapping[str, list[str]] | None = None) -> RequestRecord:
     """One request from its hops: the client (or None), the gateways outermost first, the engine (or None)."""
     hops: list[Hop] = []
     client_e2e = engine_e2e = None
@@ -238,6 +239,16 @@ def _record(client: LLMCall | None, gateways: list[LLMCall], engine: LLMCall | N
             if parent is None:
                 parent = (engine if lower.role == "engine" else gateways[index - (client is not None)]).parent_span_id
             times = span_times.get(parent) if parent and parent != upper.span_id else None
+            if times is None and calls_under:
+                # The next hop is not under the gateway's call (a forwarded traceparent, rule 5): the gateway's
+                # call span in flight when the next hop started, the latest to start.
+                best = None
+                for sid in calls_under.get(upper.span_id, ()):
+                    start, end = span_times[sid]
+                    if start <= lower.start_ns <= end and (best is None or (start, sid) > best[0]):
+                        best = ((start, sid), (start, end))
+                if best is not None:
+                    times = best[1]
             if times is not None:
                 call_ms = (times[1] - times[0]) / 1e6
         if call_ms is None:
@@ -712,6 +723,28 @@ def decompose_trace(calls: Iterable[LLMCall], parents: Mapping[str, str],
 
     # -- figures ----------------------------------------------------------------------
     get = by_id.get
+    if span_times:
+        # Only non-LLM call spans (a store read may also list LLM client spans among its CLIENT-kind spans).
+        span_times = {sid: t for sid, t in span_times.items() if sid not in by_id}
+    calls_under: dict[str, list[str]] = {}
+    if span_times:
+        # Each call span's nearest LLM ancestor: the hop whose call it is (rule 5 looks among them).
+        for sid in span_times:
+            p = parents.get(sid)
+            owner = None
+            steps = 0
+            while p and steps <= limit:
+                if p in by_id:
+                    owner = p
+                    break
+                found = above.get(p, _MISSING)
+                if found is not _MISSING:
+                    owner = found
+                    break
+                p = parents.get(p)
+                steps += 1
+            if owner is not None and rank[owner] == _GATEWAY:
+                calls_under.setdefault(owner, []).append(sid)
     if passed:
         # An absorbed client call (a gateway's own instrumented call to the next hop) is that call's span.
         times = dict(span_times or {})
@@ -719,7 +752,7 @@ def decompose_trace(calls: Iterable[LLMCall], parents: Mapping[str, str],
             times[sid] = (by_id[sid].start_ns, by_id[sid].end_ns)
         span_times = times
     records = [_record(None if c is None else get(c), [get(g) for g in reversed(gs)],
-                       None if e is None else get(e), parents, span_times)
+                       None if e is None else get(e), parents, span_times, calls_under)
                for c, gs, e in requests]
     if len(records) > 1:
         records.sort(key=lambda rec: (rec.start_ns, rec.request_key))

@@ -16,7 +16,7 @@ from ingest import metrics
 from ingest.rows import bulk_insert_settings, encode_rows
 from ingest.writer import name_os_thread
 
-from collectors.base import LLMCall, Role
+from collectors.base import CALL_SPAN_NAMES, SPAN_KIND_CLIENT, LLMCall, Role
 
 from .backlog import DecompositionBacklog
 from .decomposition import RequestRecord, decompose_trace
@@ -40,6 +40,9 @@ _CALL_FIELDS = (
     "decode_ms, inference_ms, engine_config, retention_days, replica_group"
 )
 _CHUNK = 5000
+# collectors.base.is_call_span in SQL (span kind CLIENT, or LiteLLM's call spans by name).
+_CALL_SPAN_SQL = (f"kind = {SPAN_KIND_CLIENT} OR name IN ("
+                  + ", ".join(f"'{name}'" for name in sorted(CALL_SPAN_NAMES)) + ")")
 _NS_PER_HOUR = 3_600 * 1_000_000_000
 
 
@@ -91,11 +94,12 @@ def tombstone_row(project_id: int, trace_id: str, request_key: str, start_us: in
 class _Trace:
     """What the memory holds of one trace."""
 
-    __slots__ = ("calls", "parents", "retention_days", "complete", "rows")
+    __slots__ = ("calls", "parents", "times", "retention_days", "complete", "rows")
 
     def __init__(self, retention_days: int, complete: bool):
         self.calls: dict[str, LLMCall] = {}
         self.parents: dict[str, str] = {}
+        self.times: dict[str, tuple[int, int]] = {}  # call spans (collectors.base.is_call_span): start, end
         self.retention_days = retention_days
         # Every stored span of the trace is here: the trace was new to the store when its first spans
         # were written (TraceFilter, one writing process) and nothing of it has been forgotten since.
@@ -123,7 +127,8 @@ class TraceMemory:
         self._lock = threading.Lock()
 
     def add(self, project_id: int, retention_days: int, calls: list[LLMCall],
-            edges: tuple[list[str], list[str], list[str]], new_traces=frozenset()) -> None:
+            edges: tuple[list[str], list[str], list[str]], new_traces=frozenset(),
+            call_times: dict[str, dict[str, tuple[int, int]]] | None = None) -> None:
         """Remember these spans, given as (trace ids, span ids, parent span ids), one item per span;
         `new_traces` are the trace ids the store held nothing of before them."""
         with self._lock:
@@ -145,6 +150,11 @@ class TraceMemory:
                 entry = batch.get(call.trace_id)
                 if entry is not None:
                     entry.calls[call.span_id] = call
+            if call_times:
+                for trace_id, times in call_times.items():
+                    entry = batch.get(trace_id)
+                    if entry is not None:
+                        entry.times.update(times)
             while len(traces) > self.max_traces:
                 traces.popitem(last=False)
 
@@ -213,12 +223,15 @@ def _rebuild_chunk(store: ClickHouseStore, project_id: int, trace_ids: list[str]
     calls_by_trace: dict[str, list[LLMCall]] = defaultdict(list)
     retention: dict[str, int] = {}
     parents_by_trace: dict[str, dict[str, str]] = defaultdict(dict)
+    times_by_trace: dict[str, dict[str, tuple[int, int]]] = defaultdict(dict)
     entries = memory.get_many(project_id, trace_ids) if memory is not None else {}
     remembered = _from_memory(store, project_id, entries) if entries else {}
     for trace_id, entry in remembered.items():
         if entry.calls:
             calls_by_trace[trace_id] = list(entry.calls.values())
             parents_by_trace[trace_id] = entry.parents
+            if entry.times:
+                times_by_trace[trace_id] = entry.times
             retention[trace_id] = entry.retention_days
     to_read = [t for t in trace_ids if t not in remembered]
     if to_read:
@@ -255,12 +268,18 @@ def _rebuild_chunk(store: ClickHouseStore, project_id: int, trace_ids: list[str]
     read_edges = [t for t in with_calls if t not in remembered]
     if read_edges:
         in_traces, traces = string_set("traces", read_edges)
-        for trace_id, span_id, parent in store.query_json(
-            f"SELECT trace_id, span_id, parent_span_id FROM {store.table('spans')} "
+        # The call spans' times too (the same spans the ingest memo keeps: collectors.base.is_call_span),
+        # so a trace decomposed from the store splits gateway processing as one decomposed from memory.
+        for trace_id, span_id, parent, start_ns, end_ns in store.query_json(
+            f"SELECT trace_id, span_id, parent_span_id, "
+            f"if({_CALL_SPAN_SQL}, toUnixTimestamp64Nano(start_time), 0), "
+            f"if({_CALL_SPAN_SQL}, toUnixTimestamp64Nano(end_time), 0) FROM {store.table('spans')} "
             f"WHERE project_id = {{project_id:UInt32}} AND trace_id IN {in_traces}",
             project_id=project_id, parameters={"traces": traces},
         ):
             parents_by_trace[trace_id][span_id] = parent
+            if end_ns:
+                times_by_trace[trace_id][span_id] = (int(start_ns), int(end_ns))
     version = time.time_ns()
     rows = []
     add_row = rows.append
@@ -270,7 +289,8 @@ def _rebuild_chunk(store: ClickHouseStore, project_id: int, trace_ids: list[str]
     no_parents: dict[str, str] = {}
     live: dict[str, set[tuple[str, int]]] = {}  # the rows each remembered trace has once these are written
     for trace_id in with_calls + [t for t in previous if t not in calls_by_trace]:
-        records = decompose_trace(calls_by_trace.get(trace_id, no_calls), parents_by_trace.get(trace_id, no_parents))
+        records = decompose_trace(calls_by_trace.get(trace_id, no_calls), parents_by_trace.get(trace_id, no_parents),
+                                  times_by_trace.get(trace_id))
         days = retention.get(trace_id, 1)
         if trace_id in entries:
             live[trace_id] = {(record.request_key, record.start_ns // 1000) for record in records}
@@ -354,8 +374,8 @@ class RequestBuilder(threading.Thread):
                 seen = self.filter.check_and_add(project_id, trace_ids)
                 if not seen.all():
                     new = {t for t, s in zip(trace_ids, seen.tolist()) if not s}
-            calls, edges, retention_days = memo
-            self.memory.add(project_id, retention_days, calls, edges, new)
+            calls, edges, retention_days = memo[:3]
+            self.memory.add(project_id, retention_days, calls, edges, new, memo[3] if len(memo) > 3 else None)
 
     def mark_dirty(self, project_id: int, trace_ids) -> None:
         """Decompose these traces again (as if just written)."""

@@ -187,3 +187,23 @@ def test_sibling_gateway_must_be_in_flight_when_the_hop_starts():
     e = engine("e1", "gw", start_ms=160, end_ms=590)
     recs = decompose_trace([before, gw, e], parents_of([before, gw, e]))
     assert [span_ids(r) for r in recs] == [["proxy"], ["gw", "e1"]]
+
+
+def test_litellm_processing_is_split_from_the_network_by_its_litellm_request_span():
+    """With the forwarded traceparent the gateway is not under litellm_request: the call span in flight when
+    the gateway started is LiteLLM's call (as read back from a real LiteLLM 1.108)."""
+    calls, parents = litellm_sibling_trace(with_client=True)
+    span_times = {"lreq": (58.0 * MS, 314.1 * MS), "raw": (58.0 * MS, 314.1 * MS), "http": (1 * MS, 539 * MS)}
+    parents = {**parents, "lreq": "proxy", "raw": "lreq"}
+    # litellm_request ended before the gateway started: not in flight, so no split.
+    [rec] = decompose_trace(calls, parents, span_times)
+    assert rec.gateway_ms is None
+    # In flight: LiteLLM 496.2 = processing 496.2 - 256.1 + its call 256.1; the call 256.1 = network + gateway 114.9.
+    span_times = {"lreq": (390.0 * MS, 646.1 * MS), "raw": (390.0 * MS, 646.1 * MS)}
+    for order in itertools.permutations(calls):
+        [rec] = decompose_trace(list(order), parents, span_times)
+        assert span_ids(rec) == ["c1", "proxy", "gw", "e1"]
+        assert rec.hops[1].processing_ms == pytest.approx(496.2 - 256.1)
+        assert rec.hops[2].network_ms == pytest.approx(256.1 - 114.9) and rec.hops[2].unattributed_ms is None
+        assert rec.gateway_ms == pytest.approx(496.2 - 256.1)
+        assert rec.e2e_ms == pytest.approx(exact_sum(rec))
