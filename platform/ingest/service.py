@@ -21,8 +21,8 @@ from google.rpc import status_pb2
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 from tenancy.keys import IngestIdentity
 
-from collectors.registry import normalise_span
 from collectors.base import CALL_SPAN_NAMES, SPAN_KIND_CLIENT
+from collectors.registry import normalise_span
 
 from . import metrics
 from .limits import MalformedPayload, PayloadTooLarge, UnsupportedEncoding, decompress
