@@ -16,11 +16,11 @@ from . import queries
 
 log = logging.getLogger(__name__)
 
-COMPONENT_NAMES = {"network_ms": "network", "overhead_ms": "overhead", "queue_ms": "queue",
+COMPONENT_NAMES = {"network_ms": "network", "gateway_ms": "gateway", "overhead_ms": "overhead", "queue_ms": "queue",
                    "prefill_ms": "prefill", "decode_ms": "decode"}
 # The components that make up each SLI (TTFT has no decode time; TPOT is decode only).
 RELEVANT = {
-    "ttft_ms": ("network_ms", "overhead_ms", "queue_ms", "prefill_ms"),
+    "ttft_ms": ("network_ms", "gateway_ms", "overhead_ms", "queue_ms", "prefill_ms"),
     "tpot_ms": ("decode_ms",),
     "queue_ms": ("queue_ms",),
     "e2e_ms": queries.COMPONENTS,
@@ -259,6 +259,13 @@ def suggest(component: str | None, *, burn: Mapping, base: Mapping | None, top: 
             "component": "network", "knobs": ["gateway max_concurrency / max_queue", "gateway placement"],
             "text": (f"Time outside the engine dominates{detail}: look at the gateway (its admission queue, "
                      "max_concurrency and max_queue, and its placement next to the replicas) or the client region."),
+        }
+    if component == "gateway":
+        return {
+            "component": "gateway", "knobs": ["gateway hooks and callbacks", "gateway CPU", "gateway replicas"],
+            "text": ("The gateways' own processing dominates (their spans minus their calls to the next hop, e.g. "
+                     "LiteLLM's proxy span minus its litellm_request): look at the gateway's pre-call hooks, "
+                     "guardrails and logging callbacks, its CPU, and its number of workers or replicas."),
         }
     if component == "overhead":
         return {

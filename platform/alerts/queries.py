@@ -12,7 +12,8 @@ except ImportError:  # pragma: no cover - the slo app is part of the platform
     METRIC_SQL = {"ttft_ms": "coalesce(ttft_ms, engine_ttft_ms)", "tpot_ms": "tpot_ms", "e2e_ms": "e2e_ms",
                   "queue_ms": "queue_ms"}
 
-COMPONENTS = ("network_ms", "overhead_ms", "queue_ms", "prefill_ms", "decode_ms")
+# gateway_ms: the gateways' own processing where a chain shows it (NULL otherwise: then it is inside network_ms).
+COMPONENTS = ("network_ms", "gateway_ms", "overhead_ms", "queue_ms", "prefill_ms", "decode_ms")
 HOP_COLUMNS = ("network_client_gateway_ms", "network_gateway_engine_ms")
 FIGURES = ("e2e_ms", "ttft_ms", "tpot_ms", *COMPONENTS, *HOP_COLUMNS)
 FILTER_DIMENSIONS = ("service", "model", "prompt_bucket", "engine_config", "replica_group")  # as SLO filters
