@@ -234,16 +234,18 @@ def _record(client: LLMCall | None, gateways: list[LLMCall], engine: LLMCall | N
             lower.network_ms = gap
             continue
         call_ms = None
-        if span_times:
+        candidates = calls_under.get(upper.span_id) if calls_under else None
+        if candidates:
+            # The gateway's call to this hop: the next hop's direct parent when it is one of the gateway's call
+            # spans; otherwise (a forwarded traceparent, rule 5) the gateway's call span in flight when the next
+            # hop started, the latest to start.
             parent = parents.get(lower.span_id)
             if parent is None:
                 parent = (engine if lower.role == "engine" else gateways[index - (client is not None)]).parent_span_id
-            times = span_times.get(parent) if parent and parent != upper.span_id else None
-            if times is None and calls_under:
-                # The next hop is not under the gateway's call (a forwarded traceparent, rule 5): the gateway's
-                # call span in flight when the next hop started, the latest to start.
+            times = span_times.get(parent) if parent in candidates else None
+            if times is None:
                 best = None
-                for sid in calls_under.get(upper.span_id, ()):
+                for sid in candidates:
                     start, end = span_times[sid]
                     if start <= lower.start_ns <= end and (best is None or (start, sid) > best[0]):
                         best = ((start, sid), (start, end))
@@ -746,10 +748,16 @@ def decompose_trace(calls: Iterable[LLMCall], parents: Mapping[str, str],
             if owner is not None and rank[owner] == _GATEWAY:
                 calls_under.setdefault(owner, []).append(sid)
     if passed:
-        # An absorbed client call (a gateway's own instrumented call to the next hop) is that call's span.
+        # An absorbed client call (a gateway's own instrumented call to the next hop) is that call's span, a
+        # call span of the nearest gateway above it.
         times = dict(span_times or {})
         for sid in passed:
             times[sid] = (by_id[sid].start_ns, by_id[sid].end_ns)
+            g = up[sid]
+            while g is not None and rank[g] != _GATEWAY:
+                g = up[g]
+            if g is not None:
+                calls_under.setdefault(g, []).append(sid)
         span_times = times
     records = [_record(None if c is None else get(c), [get(g) for g in reversed(gs)],
                        None if e is None else get(e), parents, span_times, calls_under)

@@ -51,6 +51,10 @@ RESOURCES = {
     "gateway": ("llm-gateway", "llm_observatory.gateway", ()),
     "engine": ("vllm", "vllm.tracing", (("vllm.instrumenting_module_name", "vllm.entrypoints.openai"),
                                         ("vllm.process_id", 4242))),
+    # A LiteLLM proxy in front of the gateway, forwarding the traceparent it received (so the gateway's span is
+    # its sibling), and its litellm_request call span: a chain of two gateways, LiteLLM's processing split off.
+    "proxy": ("litellm-proxy", "litellm", ()),
+    "lreq": ("litellm-proxy", "litellm", ()),
 }
 
 
@@ -81,6 +85,14 @@ TEMPLATES: dict[str, list[SpanSpec]] = {
         *chain("second_", "agent", 3700, gateway=False, prompt=900, completion=120, decode_s=0.3),
     ],
     "http_in_the_middle": chain("", "", 5000, http=True, prompt=1500),
+    "litellm_chain": [
+        SpanSpec("client", "", "client", 7000, 7600),
+        SpanSpec("http", "client", "http", 7001, 7598),
+        SpanSpec("proxy", "http", "proxy", 7003, 7596),
+        SpanSpec("lreq", "proxy", "lreq", 7040, 7590),
+        SpanSpec("gateway", "http", "gateway", 7050, 7585),
+        SpanSpec("engine", "gateway", "engine", 7053, 7575),
+    ],
     "gateway_retry": [
         SpanSpec("client", "", "client", 6000, 6900),
         SpanSpec("gateway", "client", "gateway", 6002, 6895),
@@ -91,7 +103,7 @@ TEMPLATES: dict[str, list[SpanSpec]] = {
 SPAN_KEYS = [(name, spec.key) for name, specs in TEMPLATES.items() for spec in specs]
 SPECS = {(name, spec.key): spec for name, specs in TEMPLATES.items() for spec in specs}
 EXPECTED_ROWS = {"full_chain": 1, "engine_only": 1, "gateway_engine": 1, "agent_two_calls": 2,
-                 "http_in_the_middle": 1, "gateway_retry": 2}
+                 "http_in_the_middle": 1, "litellm_chain": 1, "gateway_retry": 2}
 BASE_NS = (time.time_ns() // 1_000_000_000 - 600) * 1_000_000_000  # one base for every delivery
 
 
@@ -105,6 +117,10 @@ def span_id_of(salt: str, template: str, key: str) -> str:
 
 
 def _attributes(template: str, spec: SpanSpec) -> list[tuple[str, object]]:
+    if spec.role == "proxy":  # LiteLLM's proxy span (collectors/litellm.py)
+        return [("llm.request.type", "completion"), ("gen_ai.request.model", MODEL), ("llm.is_streaming", "False")]
+    if spec.role == "lreq":
+        return [("gen_ai.request.model", MODEL)]
     if spec.role in ("client", "gateway"):
         attrs = [("gen_ai.operation.name", "chat"), ("gen_ai.request.model", MODEL),
                  ("gen_ai.response.model", MODEL), ("gen_ai.usage.input_tokens", spec.prompt),
@@ -152,9 +168,10 @@ def build_request(items: list[tuple[str, str]], salt: str, base_ns: int = BASE_N
         if spec.parent:
             span.parent_span_id = bytes.fromhex(span_id_of(salt, template, spec.parent))
         span.name = {"client": f"chat {MODEL}", "gateway": f"chat {MODEL}", "engine": "llm_request",
-                     "http": "POST", "internal": "agent.run"}[spec.role]
+                     "http": "POST", "internal": "agent.run", "proxy": "Received Proxy Server Request",
+                     "lreq": "litellm_request"}[spec.role]
         span.kind = {"client": CLIENT_KIND, "http": CLIENT_KIND, "gateway": SERVER_KIND, "engine": SERVER_KIND,
-                     "internal": INTERNAL_KIND}[spec.role]
+                     "internal": INTERNAL_KIND, "proxy": SERVER_KIND, "lreq": INTERNAL_KIND}[spec.role]
         start_ms, end_ms = (times or {}).get((template, key), (spec.start_ms, spec.end_ms))
         span.start_time_unix_nano = base_ns + int(start_ms * MS)
         span.end_time_unix_nano = base_ns + int(end_ms * MS)
@@ -219,11 +236,16 @@ def in_order_rows(live_platform):
     assert [h["role"] for h in rows["gateway_engine"][0]["hops"]] == ["gateway", "engine"]
     assert sorted(r["request_key"] for r in rows["agent_two_calls"]) == ["<span first_engine>",
                                                                          "<span second_engine>"]
+    [litellm] = rows["litellm_chain"]
+    assert [(h["role"], h["service"]) for h in litellm["hops"]] == [
+        ("client", "chat-app"), ("gateway", "litellm-proxy"), ("gateway", "llm-gateway"), ("engine", "vllm")]
+    assert litellm["gateway_ms"] == pytest.approx(593 - 550, abs=1e-3)  # LiteLLM's span minus litellm_request
+    assert litellm["hops"][2]["network_ms"] == pytest.approx(550 - 535, abs=1e-3)
     for template_rows in rows.values():
         for row in template_rows:
             parts = [row[k] for k in ("network_ms", "overhead_ms", "queue_ms", "prefill_ms", "decode_ms")]
             if None not in parts:
-                assert sum(parts) == pytest.approx(row["e2e_ms"], abs=1e-6)
+                assert sum(parts) + (row["gateway_ms"] or 0.0) == pytest.approx(row["e2e_ms"], abs=1e-6)
     return rows
 
 
