@@ -39,11 +39,7 @@ class SpanEvent:
 # provider (litellm_request, and raw_gen_ai_request with the same times). Their start and end are kept with the
 # trace so the decomposition can split a gateway's own processing from the network (traces/decomposition.py).
 SPAN_KIND_CLIENT = 3
-CALL_SPAN_NAMES = frozenset({"litellm_request", "raw_gen_ai_request"})
-
-
-def is_call_span(kind: int, name: str) -> bool:
-    return kind == SPAN_KIND_CLIENT or name in CALL_SPAN_NAMES
+CALL_SPAN_NAMES = frozenset({"litellm_request", "raw_gen_ai_request"})  # a call span: kind CLIENT or one of these
 
 
 @dataclasses.dataclass(slots=True)

@@ -218,7 +218,7 @@ def build_record(identity: IngestIdentity, decoded: Decoded, arrival: float | No
     edge_traces: list[str] = []
     edge_spans: list[str] = []
     edge_parents: list[str] = []
-    # Call spans (collectors.base.is_call_span) that are not LLM calls: span id -> (start, end), per trace.
+    # Call spans (collectors.base.CALL_SPAN_NAMES) that are not LLM calls: span id -> (start, end), per trace.
     call_times: dict[str, dict[str, tuple[int, int]]] = {}
     add_span_row = span_rows.append
     add_trace = edge_traces.append

@@ -190,8 +190,8 @@ def _rank_of(role: object) -> int | None:
 
 
 def _record(client: LLMCall | None, gateways: list[LLMCall], engine: LLMCall | None,
-            parents: Mapping[str, str], span_times: Mapping[str, tuple[int, int]] | None,
-            calls_under: Mapping[str, list[str]] | None = None) -> RequestRecord:
+            parents: Mapping[str, str] | None = None,
+            calls_under: Mapping[str, list[tuple[str, int, int]]] | None = None) -> RequestRecord:
     """One request from its hops: the client (or None), the gateways outermost first, the engine (or None)."""
     hops: list[Hop] = []
     client_e2e = engine_e2e = None
@@ -221,6 +221,7 @@ def _record(client: LLMCall | None, gateways: list[LLMCall], engine: LLMCall | N
     else:
         anchor = client
 
+    chain = ([client] if client is not None else []) + gateways + ([engine] if engine is not None else [])
     # Per hop: what separates it from the hop above. A gateway that shows its call to the next hop as a
     # child span (the next hop's direct parent, e.g. LiteLLM's litellm_request or an HTTP client span)
     # splits into its own processing (its span minus that call) and the network (the call minus the next
@@ -241,18 +242,16 @@ def _record(client: LLMCall | None, gateways: list[LLMCall], engine: LLMCall | N
             # hop started, the latest to start.
             parent = parents.get(lower.span_id)
             if parent is None:
-                parent = (engine if lower.role == "engine" else gateways[index - (client is not None)]).parent_span_id
-            times = span_times.get(parent) if parent in candidates else None
-            if times is None:
-                best = None
-                for sid in candidates:
-                    start, end = span_times[sid]
-                    if start <= lower.start_ns <= end and (best is None or (start, sid) > best[0]):
-                        best = ((start, sid), (start, end))
-                if best is not None:
-                    times = best[1]
-            if times is not None:
-                call_ms = (times[1] - times[0]) / 1e6
+                parent = chain[index].parent_span_id
+            best = None
+            for sid, start, end in candidates:
+                if sid == parent:
+                    best = (start, end, sid)
+                    break
+                if start <= lower.start_ns <= end and (best is None or (start, sid) > (best[0], best[2])):
+                    best = (start, end, sid)
+            if best is not None:
+                call_ms = (best[1] - best[0]) / 1e6
         if call_ms is None:
             lower.unattributed_ms = gap
         else:
@@ -405,11 +404,6 @@ def _simple_chain(calls: list[LLMCall], parents: Mapping[str, str]):
     return slots
 
 
-def _neg(span_id: str) -> tuple[int, ...]:
-    """Sorts span ids in reverse (ties go to the larger span id, as in rule 3)."""
-    return tuple(-ord(ch) for ch in span_id)
-
-
 def _claim_key(call: LLMCall) -> tuple[int, str]:
     """Rule 3 order: the attempt that ends last wins; ties -> larger span id."""
     return (call.end_ns, call.span_id)
@@ -431,7 +425,7 @@ def decompose_trace(calls: Iterable[LLMCall], parents: Mapping[str, str],
         chain = _simple_chain(calls, parents)
         if chain is not None:
             client, gateway, engine = chain
-            return [_record(client, [] if gateway is None else [gateway], engine, parents, span_times)]
+            return [_record(client, [] if gateway is None else [gateway], engine)]
 
     # -- index the calls (deterministic de-duplication by span id) ---------------------
     by_id: dict[str, LLMCall] = {}
@@ -548,8 +542,8 @@ def decompose_trace(calls: Iterable[LLMCall], parents: Mapping[str, str],
                 continue
             if other.start_ns == call.start_ns and x < sid:
                 continue  # equal starts: only one of the two may be the other's upstream
-            key = (-other.start_ns, _neg(x))  # the latest to start is the innermost
-            if best is None or key < best[0]:
+            key = (other.start_ns, x)  # the latest to start is the innermost; ties to the larger span id
+            if best is None or key > best[0]:
                 best = (key, x)
         found = None if best is None else best[1]
         sibling_memo[sid] = found
@@ -725,42 +719,37 @@ def decompose_trace(calls: Iterable[LLMCall], parents: Mapping[str, str],
 
     # -- figures ----------------------------------------------------------------------
     get = by_id.get
-    if span_times:
-        # Only non-LLM call spans (a store read may also list LLM client spans among its CLIENT-kind spans).
-        span_times = {sid: t for sid, t in span_times.items() if sid not in by_id}
-    calls_under: dict[str, list[str]] = {}
-    if span_times:
-        # Each call span's nearest LLM ancestor: the hop whose call it is (rule 5 looks among them).
-        for sid in span_times:
-            p = parents.get(sid)
-            owner = None
-            steps = 0
-            while p and steps <= limit:
-                if p in by_id:
-                    owner = p
-                    break
-                found = above.get(p, _MISSING)
-                if found is not _MISSING:
-                    owner = found
-                    break
-                p = parents.get(p)
-                steps += 1
-            if owner is not None and rank[owner] == _GATEWAY:
-                calls_under.setdefault(owner, []).append(sid)
-    if passed:
-        # An absorbed client call (a gateway's own instrumented call to the next hop) is that call's span, a
-        # call span of the nearest gateway above it.
-        times = dict(span_times or {})
-        for sid in passed:
-            times[sid] = (by_id[sid].start_ns, by_id[sid].end_ns)
-            g = up[sid]
-            while g is not None and rank[g] != _GATEWAY:
-                g = up[g]
-            if g is not None:
-                calls_under.setdefault(g, []).append(sid)
-        span_times = times
+    # Each call span under its nearest LLM ancestor, when that is a gateway: the gateway's calls to the next hop
+    # (a store read may also list LLM client spans among its CLIENT-kind spans: they are calls, not call spans).
+    calls_under: dict[str, list[tuple[str, int, int]]] = {}
+    for sid, (start, end) in (span_times or {}).items():
+        if sid in by_id:
+            continue
+        p = parents.get(sid)
+        owner = None
+        steps = 0
+        while p and steps <= limit:
+            if p in by_id:
+                owner = p
+                break
+            found = above.get(p, _MISSING)
+            if found is not _MISSING:
+                owner = found
+                break
+            p = parents.get(p)
+            steps += 1
+        if owner is not None and rank[owner] == _GATEWAY:
+            calls_under.setdefault(owner, []).append((sid, start, end))
+    # An absorbed client call (a gateway's own instrumented call to the next hop) is a call span of the nearest
+    # gateway above it.
+    for sid in passed:
+        g = up[sid]
+        while g is not None and rank[g] != _GATEWAY:
+            g = up[g]
+        if g is not None:
+            calls_under.setdefault(g, []).append((sid, by_id[sid].start_ns, by_id[sid].end_ns))
     records = [_record(None if c is None else get(c), [get(g) for g in reversed(gs)],
-                       None if e is None else get(e), parents, span_times, calls_under)
+                       None if e is None else get(e), parents, calls_under)
                for c, gs, e in requests]
     if len(records) > 1:
         records.sort(key=lambda rec: (rec.start_ns, rec.request_key))

@@ -40,7 +40,7 @@ _CALL_FIELDS = (
     "decode_ms, inference_ms, engine_config, retention_days, replica_group"
 )
 _CHUNK = 5000
-# collectors.base.is_call_span in SQL (span kind CLIENT, or LiteLLM's call spans by name).
+# collectors.base.CALL_SPAN_NAMES in SQL (span kind CLIENT, or LiteLLM's call spans by name).
 _CALL_SPAN_SQL = (f"kind = {SPAN_KIND_CLIENT} OR name IN ("
                   + ", ".join(f"'{name}'" for name in sorted(CALL_SPAN_NAMES)) + ")")
 _NS_PER_HOUR = 3_600 * 1_000_000_000
@@ -99,7 +99,7 @@ class _Trace:
     def __init__(self, retention_days: int, complete: bool):
         self.calls: dict[str, LLMCall] = {}
         self.parents: dict[str, str] = {}
-        self.times: dict[str, tuple[int, int]] = {}  # call spans (collectors.base.is_call_span): start, end
+        self.times: dict[str, tuple[int, int]] = {}  # call spans (collectors.base.CALL_SPAN_NAMES): start, end
         self.retention_days = retention_days
         # Every stored span of the trace is here: the trace was new to the store when its first spans
         # were written (TraceFilter, one writing process) and nothing of it has been forgotten since.
@@ -268,7 +268,7 @@ def _rebuild_chunk(store: ClickHouseStore, project_id: int, trace_ids: list[str]
     read_edges = [t for t in with_calls if t not in remembered]
     if read_edges:
         in_traces, traces = string_set("traces", read_edges)
-        # The call spans' times too (the same spans the ingest memo keeps: collectors.base.is_call_span),
+        # The call spans' times too (the same spans the ingest memo keeps: collectors.base.CALL_SPAN_NAMES),
         # so a trace decomposed from the store splits gateway processing as one decomposed from memory.
         for trace_id, span_id, parent, start_ns, end_ns in store.query_json(
             f"SELECT trace_id, span_id, parent_span_id, "
@@ -374,8 +374,8 @@ class RequestBuilder(threading.Thread):
                 seen = self.filter.check_and_add(project_id, trace_ids)
                 if not seen.all():
                     new = {t for t, s in zip(trace_ids, seen.tolist()) if not s}
-            calls, edges, retention_days = memo[:3]
-            self.memory.add(project_id, retention_days, calls, edges, new, memo[3] if len(memo) > 3 else None)
+            calls, edges, retention_days, call_times = memo
+            self.memory.add(project_id, retention_days, calls, edges, new, call_times)
 
     def mark_dirty(self, project_id: int, trace_ids) -> None:
         """Decompose these traces again (as if just written)."""
