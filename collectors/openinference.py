@@ -20,7 +20,10 @@ Sources: Arize-ai/openinference,
   ``First Token Stream Event`` also proves streaming.
 * Time to first token: the span event ``First Token Stream Event`` (no attributes,
   stamped when the first chunk arrived) minus the span start.
-* No response id attribute exists, so ``request_id`` is None.
+* No response id attribute exists. ``request_id`` is the ``id`` of the response JSON the instrumentor records
+  as ``output.value`` (``output.mime_type`` ``application/json``; for a stream, the accumulated response),
+  read only when that value is at most ``MAX_OUTPUT_SCAN`` characters; else None. It is what joins the
+  client's span to the engine's when no traceparent was passed on (traces/joins.py).
 """
 from __future__ import annotations
 
@@ -43,6 +46,7 @@ SPAN_KIND_KEY = "openinference.span.kind"
 FIRST_TOKEN_EVENTS = frozenset({"First Token Stream Event"})
 
 _MODEL_KEYS = ("llm.response.model_name", "llm.model_name", "llm.request.model_name")
+MAX_OUTPUT_SCAN = 256 * 1024
 
 
 def owns(span: SpanView) -> bool:
@@ -83,7 +87,7 @@ def normalise_owned(span: SpanView) -> LLMCall | None:
         start_ns=span.start_ns,
         end_ns=span.end_ns,
         model=first_text(attrs, _MODEL_KEYS),
-        request_id=None,
+        request_id=_response_id(attrs),
         prompt_tokens=prompt_tokens,
         completion_tokens=completion_tokens,
         streaming=streaming,
@@ -92,6 +96,21 @@ def normalise_owned(span: SpanView) -> LLMCall | None:
         engine_config=engine_config_of(span),
         replica_group=replica_group_of(span),
     )
+
+
+def _response_id(attrs: dict) -> str | None:
+    """The ``id`` of the JSON response in ``output.value``, when it is one and not too large to read."""
+    value = attrs.get("output.value")
+    if not isinstance(value, str) or attrs.get("output.mime_type") != "application/json":
+        return None
+    if len(value) > MAX_OUTPUT_SCAN or not value.startswith("{"):
+        return None
+    try:
+        document = json.loads(value)
+    except ValueError:
+        return None
+    found = document.get("id") if isinstance(document, dict) else None
+    return found if isinstance(found, str) and 0 < len(found) <= 256 else None
 
 
 def _stream_parameter(invocation_parameters: object) -> bool | None:

@@ -83,6 +83,22 @@ def test_lowercase_kind_is_tolerated(make_span):
     assert openinference.normalise(span) is not None
 
 
+def test_response_id_from_the_recorded_response(make_span):
+    """The response JSON the instrumentor records as output.value holds the id the engine reports (the join key
+    when no traceparent reached the server); anything that is not such a document gives None."""
+    base = {"openinference.span.kind": "LLM", "output.mime_type": "application/json"}
+    body = '{"id": "chatcmpl-abc123", "object": "chat.completion", "choices": []}'
+    assert openinference.normalise(make_span("ChatCompletion", attributes=dict(
+        base, **{"output.value": body}))).request_id == "chatcmpl-abc123"
+    for value, mime in [(body, "text/plain"), ('{"id": 42}', "application/json"), ("[1, 2]", "application/json"),
+                        ('{"id": "x"', "application/json"), ("{" + " " * openinference.MAX_OUTPUT_SCAN + "}",
+                                                               "application/json"), (None, "application/json")]:
+        attributes = dict(base, **{"output.mime_type": mime})
+        if value is not None:
+            attributes["output.value"] = value
+        assert openinference.normalise(make_span("ChatCompletion", attributes=attributes)).request_id is None
+
+
 def test_error_status(make_span):
     call = openinference.normalise(make_span("ChatCompletion", attributes={"openinference.span.kind": "LLM"},
                                              status_code=STATUS_ERROR))
