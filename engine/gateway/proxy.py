@@ -39,6 +39,10 @@ OPERATIONS = {"/v1/chat/completions": "chat", "/v1/completions": "text_completio
 PROVIDER = "vllm"
 # Client headers worth passing on: the engine's API key, the caller's request id (vLLM can adopt it), Accept.
 _FORWARDED_HEADERS = ("Authorization", "X-Request-Id", "Accept")
+# Correlation ids a caller sends, recorded on the span as OTel's `http.request.header.<name>` (a list of strings):
+# the caller's request id and LiteLLM's call id, so a trace that lost its traceparent upstream can still be told.
+_RECORDED_HEADERS = ("x-request-id", "x-litellm-call-id")
+_MAX_RECORDED_HEADER = 256
 _PASSED_BACK_HEADERS = ("Retry-After", "X-Request-Id")
 _MAX_MODEL_NAME = 512
 CLIENT_CLOSED = 499  # nginx's code for "client closed the request", used in metrics and spans
@@ -66,6 +70,18 @@ async def read_bounded(request: web.BaseRequest, limit: int, timeout_s: float) -
     except HttpProcessingError as exc:
         raise GatewayError(400, f"malformed request body: {exc.message}", "invalid_body") from None
     return b"".join(chunks)
+
+
+def recorded_headers(headers) -> dict[str, list[str]]:
+    """The correlation headers of a request as span attributes; values longer than `_MAX_RECORDED_HEADER`
+    characters or holding anything but printable ASCII are left out (they are the caller's, unchecked)."""
+    out = {}
+    for name in _RECORDED_HEADERS:
+        values = [v for v in headers.getall(name, ()) if 0 < len(v) <= _MAX_RECORDED_HEADER and v.isprintable()
+                  and v.isascii()]
+        if values:
+            out[f"http.request.header.{name}"] = values[:4]
+    return out
 
 
 class _ClientGone(Exception):
@@ -150,6 +166,7 @@ class Exchange:
                 "gen_ai.provider.name": PROVIDER,
                 "http.request.method": request.method,
                 "url.path": request.path,
+                **recorded_headers(request.headers),
             },
         )
         self.span_context = trace.set_span_in_context(self.span)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import aiohttp
+from multidict import CIMultiDict
 from gateway_fakes import MODEL, FakeReplica, chat, gateway, groups, run, settings, tracing
 from ingest.otlp import Limits, decode_protobuf
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
@@ -94,6 +95,35 @@ def test_request_without_traceparent_starts_a_trace_and_completion_operation_is_
     assert "gen_ai.response.time_to_first_chunk" not in span.attributes
     assert replica.requests[0]["headers"]["traceparent"].split("-")[2] == f"{span.context.span_id:016x}"
     assert normalise_span(_platform_view(span)).role == Role.GATEWAY
+
+
+def test_correlation_headers_of_a_caller_without_traceparent_are_recorded():
+    """A caller that passed no traceparent (LiteLLM by default) still sends ids: the caller's request id and
+    LiteLLM's call id are recorded on the span as http.request.header.*; junk values are left out."""
+    provider, exporter = tracing()
+    sent = [("X-Request-Id", "req-1234"), ("x-litellm-call-id", "6f1c0a52-1111-2222-3333-444455556666"),
+            ("X-Request-Id", "x" * 300), ("x-litellm-call-id", "bad\u00e9value")]
+
+    async def scenario():
+        replica = FakeReplica("a")
+        await replica.start()
+        async with gateway(groups(("baseline", 1, [replica])), tracer_provider=provider) as gw, \
+                aiohttp.ClientSession() as session:
+            headers = CIMultiDict()
+            for name, value in sent:
+                headers.add(name, value)
+            async with session.post(gw.url + "/v1/chat/completions", json=chat(), headers=headers) as resp:
+                assert resp.status == 200
+        await replica.stop()
+        return replica
+
+    replica = run(scenario())
+    (span,) = exporter.get_finished_spans()
+    assert span.parent is None
+    assert list(span.attributes["http.request.header.x-request-id"]) == ["req-1234"]
+    assert list(span.attributes["http.request.header.x-litellm-call-id"]) == ["6f1c0a52-1111-2222-3333-444455556666"]
+    forwarded = {k.lower(): v for k, v in replica.requests[0]["headers"].items()}
+    assert forwarded["x-request-id"] == "req-1234"  # passed on: vLLM adopts it as its request id
 
 
 def test_failures_mark_the_span_as_an_error():
