@@ -27,6 +27,15 @@ DECOMPOSE_SECONDS = Histogram(
     "observatory_decompose_cycle_seconds", "Time of one decomposition cycle",
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
 )
+JOIN_LOOKUPS = Counter(
+    "observatory_decompose_join_lookups",
+    "Lookups of other traces holding the correlation ids of request rows without an engine or a client hop "
+    "(joins across broken trace propagation, traces/joins.py)",
+)
+JOINED_REQUESTS = Counter(
+    "observatory_decompose_joined_requests",
+    "Request rows written whose hops came from several traces, joined by the response id",
+)
 DECOMPOSE_TRACE_SOURCES = Counter(
     "observatory_decompose_traces_by_source",
     "Traces decomposed, by where their spans came from: memory (no lookup: new to the store, see the trace "

@@ -46,6 +46,8 @@ class Hop(Schema):
                                              "into this hop together, where the gateway above shows no call span")
     processing_ms: Optional[float] = Field(None, description="a gateway's own time: its span minus its call to "
                                            "the next hop")
+    trace_id: Optional[str] = Field(None, description="the hop's own trace, on the hops of a row joined across "
+                                    "traces (null otherwise)")
 
 
 class NetworkPerHop(Schema):
@@ -63,6 +65,8 @@ class Request(Schema):
     model: str
     engine_config: str
     replica_group: str = Field(description="'' when the engine did not say")
+    gateway: str = Field(description="the gateways' services, outermost first, joined by ' > ' (e.g. "
+                                     "'litellm-proxy > llm-gateway'); '' when the request passed none")
     prompt_tokens: Optional[int]
     completion_tokens: Optional[int]
     prompt_bucket: str
@@ -80,6 +84,10 @@ class Request(Schema):
     decode_ms: Optional[float]
     hops: list[Hop]
     status: Literal["ok", "error"]
+    joined_by: Literal["", "response_id"] = Field(description="'response_id' when the hops came from several traces "
+                                                  "(a hop that did not propagate traceparent), joined by the "
+                                                  "response id both sides recorded; '' for a row of one trace")
+    linked_trace_ids: list[str] = Field(description="the other traces holding hops of a joined row")
     network_ms_per_hop: NetworkPerHop
 
 
@@ -141,6 +149,8 @@ class SummaryQuery(Schema):
     engine_config: Optional[Label] = None
     prompt_bucket: Optional[Literal["<256", "<1k", "<4k", "<16k", ">=16k", "unknown"]] = None
     replica_group: Optional[Label] = None
+    gateway: Optional[Text(256, description="exact match: the gateways' services, outermost first, joined by ' > ' "
+                                            "('' for requests through no gateway)", min_length=0)] = None
     exact: Flag = Field(False, description="exact percentiles (quantilesExact over the raw rows) instead of t-digest")
     project: Optional[ProjectName] = Field(None, description=PROJECT_DESCRIPTION)
 

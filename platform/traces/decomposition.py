@@ -131,6 +131,7 @@ class Hop:
     network_ms: float | None = None
     unattributed_ms: float | None = None
     processing_ms: float | None = None  # a gateway's own time: its span minus its call to the next hop
+    trace_id: str | None = None  # set on the hops of a row joined across traces (traces/joins.py)
 
 
 @dataclasses.dataclass(slots=True)
@@ -162,6 +163,8 @@ class RequestRecord:
     status: str                       # 'ok' | 'error'
     replica_group: str | None         # the group of the engine replica (else as the gateway or client saw it)
     gateway_ms: float | None = None   # Σ the gateways' own processing where attributed (see Hop), else None
+    joined_by: str = ""               # 'response_id' when the hops came from several traces (traces/joins.py)
+    linked_trace_ids: tuple[str, ...] = ()  # the other traces of a joined row
 
 
 def prompt_bucket(tokens: int | None) -> str:

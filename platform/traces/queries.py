@@ -9,8 +9,8 @@ from typing import Any
 from . import rollups
 from .store import ClickHouseStore
 
-GROUP_DIMENSIONS = ("model", "service", "prompt_bucket", "engine_config", "replica_group")
-FILTER_DIMENSIONS = ("model", "service", "engine_config", "prompt_bucket", "replica_group")
+GROUP_DIMENSIONS = ("model", "service", "prompt_bucket", "engine_config", "replica_group", "gateway")
+FILTER_DIMENSIONS = ("model", "service", "engine_config", "prompt_bucket", "replica_group", "gateway")
 TAIL_METRICS = ("e2e_ms", "ttft_ms", "tpot_ms")  # p50/p95/p99
 COMPONENT_METRICS = ("network_ms", "overhead_ms", "queue_ms", "prefill_ms", "decode_ms")  # p50/p95
 LEVELS = (0.5, 0.95, 0.99)
@@ -20,11 +20,11 @@ TDIGEST_ERROR_NOTE = (
 )
 
 REQUEST_FIELDS = (
-    "trace_id", "request_key", "request_id", "start_time", "service", "model", "engine_config", "replica_group",
+    "trace_id", "request_key", "request_id", "start_time", "service", "model", "engine_config", "replica_group", "gateway",
     "prompt_tokens",
     "completion_tokens", "prompt_bucket", "e2e_ms", "ttft_ms", "engine_ttft_ms", "tpot_ms", "network_ms",
     "network_client_gateway_ms", "network_gateway_engine_ms", "gateway_ms", "overhead_ms", "queue_ms", "prefill_ms",
-    "decode_ms", "hops", "status",
+    "decode_ms", "hops", "status", "joined_by", "linked_trace_ids",
 )
 
 
@@ -37,10 +37,13 @@ def _clean(value: Any) -> Any:
 
 
 def requests_for_trace(store: ClickHouseStore, project_id: int, trace_id: str) -> list[dict]:
+    """The request rows of a trace: its own, and those joined across traces that hold some of its hops."""
     columns = ", ".join(REQUEST_FIELDS)
     rows = store.query(
         f"SELECT {columns} FROM {store.table('llm_requests')} FINAL "
-        "WHERE project_id = {project_id:UInt32} AND trace_id = {trace_id:String} ORDER BY start_time, request_key",
+        "WHERE project_id = {project_id:UInt32} "
+        "AND (trace_id = {trace_id:String} OR has(linked_trace_ids, {trace_id:String})) "
+        "ORDER BY start_time, request_key",
         project_id=project_id,
         parameters={"trace_id": trace_id},
     )
@@ -48,6 +51,7 @@ def requests_for_trace(store: ClickHouseStore, project_id: int, trace_id: str) -
     for row in rows:
         item = {name: _clean(value) for name, value in zip(REQUEST_FIELDS, row)}
         item["hops"] = json.loads(item["hops"] or "[]")
+        item["linked_trace_ids"] = list(item["linked_trace_ids"] or ())
         item["network_ms_per_hop"] = {
             "client_gateway": item.pop("network_client_gateway_ms"),
             "gateway_engine": item.pop("network_gateway_engine_ms"),
@@ -90,7 +94,8 @@ def latency_summary(store: ClickHouseStore, project_id: int, *, since: dt.dateti
     """Per group: count, errors, p50/p95/p99 of e2e/ttft/tpot and p50/p95 of each component.
 
     t-digest mode merges the hourly rollup states of clean whole hours with states computed
-    from the raw rows of everything else; exact mode reads raw rows only.
+    from the raw rows of everything else; exact mode reads raw rows only, and so does a summary
+    grouped or filtered by `gateway` (the rollups do not carry it: ch_migrations/0010).
     """
     for name in group_by:
         if name not in GROUP_DIMENSIONS:
@@ -122,13 +127,16 @@ def latency_summary(store: ClickHouseStore, project_id: int, *, since: dt.dateti
         first_day = first_hour.replace(hour=0)
         if first_day < first_hour:
             first_day += dt.timedelta(days=1)
-        days = rollups.clean_days(store, project_id, first_day, last_hour.replace(hour=0) + dt.timedelta(days=1))
-        days = [(day, v) for day, v in days if day + 86400 <= last_hour.timestamp()]
+        if "gateway" in group_by or "gateway" in filters:
+            days, hours = [], []
+        else:
+            days = rollups.clean_days(store, project_id, first_day, last_hour.replace(hour=0) + dt.timedelta(days=1))
+            days = [(day, v) for day, v in days if day + 86400 <= last_hour.timestamp()]
+            hours = [
+                (hour, v) for hour, v in rollups.clean_hours(store, project_id, first_hour, last_hour)
+                if hour - hour % 86400 not in {day for day, _ in days}
+            ]
         day_starts = {day for day, _ in days}
-        hours = [
-            (hour, v) for hour, v in rollups.clean_hours(store, project_id, first_hour, last_hour)
-            if hour - hour % 86400 not in day_starts
-        ]
         params["clean_days"] = days
         params["clean"] = hours
         covered = sorted([hour for hour, _ in hours] + [day + h * 3600 for day in day_starts for h in range(24)])
@@ -144,25 +152,24 @@ def latency_summary(store: ClickHouseStore, project_id: int, *, since: dt.dateti
         states = ", ".join(f"quantilesTDigestState({levels})({m}) AS s_{m}" for m in metrics)
         rollup_states = ", ".join(f"{m} AS s_{m}" for m in metrics)
         merged = ", ".join(f"quantilesTDigestMerge({levels})(s_{m})" for m in metrics)
-        sql = (
-            f"SELECT {select_dims}sum(n), sum(errs), {merged} FROM ("
-            f"SELECT {select_dims}requests AS n, errors AS errs, {rollup_states} "
-            f"FROM {store.table('request_rollup_daily')} "
-            "WHERE project_id = {project_id:UInt32} "
-            "AND (toUnixTimestamp(day), version) IN {clean_days:Array(Tuple(UInt32, UInt64))}"
-            f"{where} "
-            "UNION ALL "
-            f"SELECT {select_dims}requests AS n, errors AS errs, {rollup_states} "
-            f"FROM {store.table('request_rollup_hourly')} "
-            "WHERE project_id = {project_id:UInt32} "
-            "AND (toUnixTimestamp(hour), version) IN {clean:Array(Tuple(UInt32, UInt64))}"
-            f"{where} "
-            "UNION ALL "
+        parts = []
+        if days or hours:
+            parts += [
+                f"SELECT {select_dims}requests AS n, errors AS errs, {rollup_states} "
+                f"FROM {store.table('request_rollup_daily')} "
+                "WHERE project_id = {project_id:UInt32} "
+                f"AND (toUnixTimestamp(day), version) IN {{clean_days:Array(Tuple(UInt32, UInt64))}}{where} ",
+                f"SELECT {select_dims}requests AS n, errors AS errs, {rollup_states} "
+                f"FROM {store.table('request_rollup_hourly')} "
+                "WHERE project_id = {project_id:UInt32} "
+                f"AND (toUnixTimestamp(hour), version) IN {{clean:Array(Tuple(UInt32, UInt64))}}{where} ",
+            ]
+        parts.append(
             f"SELECT {select_dims}count() AS n, countIf(status = 'error') AS errs, {states} "
             f"FROM {store.table('llm_requests')} FINAL {raw_where}"
             f"{' GROUP BY ' + dims if dims else ''}"
-            f"){group_clause}{final}"
         )
+        sql = f"SELECT {select_dims}sum(n), sum(errs), {merged} FROM ({'UNION ALL '.join(parts)}){group_clause}{final}"
     rows = store.query(sql, project_id=project_id, parameters=params)
     return [_summary_group(group_by, row) for row in rows if row[len(group_by)] > 0]
 

@@ -18,6 +18,7 @@ from ingest.writer import name_os_thread
 
 from collectors.base import CALL_SPAN_NAMES, SPAN_KIND_CLIENT, LLMCall, Role
 
+from . import joins
 from .backlog import DecompositionBacklog
 from .decomposition import RequestRecord, decompose_trace
 from .rollups import record_touches
@@ -31,7 +32,7 @@ REQUEST_COLUMNS = (
     "prompt_tokens", "completion_tokens", "prompt_bucket", "e2e_ms", "ttft_ms", "engine_ttft_ms", "tpot_ms",
     "network_ms", "network_client_gateway_ms", "network_gateway_engine_ms", "overhead_ms", "queue_ms",
     "prefill_ms", "decode_ms", "hops", "status", "version", "is_deleted", "retention_days", "replica_group",
-    "gateway_ms",
+    "gateway_ms", "joined_by", "linked_trace_ids", "gateway",
 )
 
 _CALL_FIELDS = (
@@ -44,6 +45,10 @@ _CHUNK = 5000
 _CALL_SPAN_SQL = (f"kind = {SPAN_KIND_CLIENT} OR name IN ("
                   + ", ".join(f"'{name}'" for name in sorted(CALL_SPAN_NAMES)) + ")")
 _NS_PER_HOUR = 3_600 * 1_000_000_000
+# Joins across traces: rounds of partner lookups (a partner's own loose ends lead to more), and at most this many
+# partner traces per chunk (a component longer than joins.MAX_CHAIN is never joined anyway).
+_JOIN_ROUNDS = 3
+_MAX_JOIN_TRACES = 2_000
 
 
 def _call_from_row(row) -> tuple[LLMCall, int]:
@@ -73,22 +78,27 @@ def request_row(project_id: int, record: RequestRecord, version: int, retention_
         record.tpot_ms, record.network_ms, record.network_client_gateway_ms, record.network_gateway_engine_ms,
         record.overhead_ms, record.queue_ms, record.prefill_ms, record.decode_ms,
         # Stored as JSON text in a String column (ClickHouse writes arrays into String as their JSON).
-        [
-            {
-                "role": hop.role, "span_id": hop.span_id, "service": hop.service, "convention": hop.convention,
-                "name": hop.name, "start_ns": hop.start_ns, "duration_ms": hop.duration_ms, "ttft_ms": hop.ttft_ms,
-                "network_ms": hop.network_ms, "unattributed_ms": hop.unattributed_ms,
-                "processing_ms": hop.processing_ms,
-            }
-            for hop in record.hops
-        ],
+        [_hop_json(hop) for hop in record.hops],
         record.status, version, 0, retention_days, record.replica_group or "", record.gateway_ms,
+        record.joined_by, record.linked_trace_ids,
+        " > ".join([hop.service for hop in record.hops if hop.role == "gateway"]),
     ]
+
+
+def _hop_json(hop) -> dict:
+    item = {
+        "role": hop.role, "span_id": hop.span_id, "service": hop.service, "convention": hop.convention,
+        "name": hop.name, "start_ns": hop.start_ns, "duration_ms": hop.duration_ms, "ttft_ms": hop.ttft_ms,
+        "network_ms": hop.network_ms, "unattributed_ms": hop.unattributed_ms, "processing_ms": hop.processing_ms,
+    }
+    if hop.trace_id is not None:  # a row joined across traces: each hop's own trace
+        item["trace_id"] = hop.trace_id
+    return item
 
 
 def tombstone_row(project_id: int, trace_id: str, request_key: str, start_us: int, version: int) -> list:
     return [project_id, trace_id, request_key, "", _us_text(start_us), "", "", "", None, None, "", None, None, None,
-            None, None, None, None, None, None, None, None, [], "", version, 1, 1, "", None]
+            None, None, None, None, None, None, None, None, [], "", version, 1, 1, "", None, "", [], ""]
 
 
 class _Trace:
@@ -219,15 +229,16 @@ def _from_memory(store: ClickHouseStore, project_id: int, entries: dict[str, _Tr
     return trusted
 
 
-def _rebuild_chunk(store: ClickHouseStore, project_id: int, trace_ids: list[str], memory: TraceMemory | None = None) -> int:
+def _read_traces(store: ClickHouseStore, project_id: int, trace_ids: list[str], remembered: dict[str, _Trace]):
+    """(calls, parents, call span times, retention days), each by trace id, of these traces: from the memory
+    for the `remembered` ones, from ClickHouse for the others."""
     calls_by_trace: dict[str, list[LLMCall]] = defaultdict(list)
     retention: dict[str, int] = {}
     parents_by_trace: dict[str, dict[str, str]] = defaultdict(dict)
     times_by_trace: dict[str, dict[str, tuple[int, int]]] = defaultdict(dict)
-    entries = memory.get_many(project_id, trace_ids) if memory is not None else {}
-    remembered = _from_memory(store, project_id, entries) if entries else {}
-    for trace_id, entry in remembered.items():
-        if entry.calls:
+    for trace_id in trace_ids:
+        entry = remembered.get(trace_id)
+        if entry is not None and entry.calls:
             calls_by_trace[trace_id] = list(entry.calls.values())
             parents_by_trace[trace_id] = entry.parents
             if entry.times:
@@ -245,6 +256,117 @@ def _rebuild_chunk(store: ClickHouseStore, project_id: int, trace_ids: list[str]
         call, days = _call_from_row(row)
         calls_by_trace[call.trace_id].append(call)
         retention[call.trace_id] = max(retention.get(call.trace_id, 0), days)
+    read_edges = [t for t in to_read if t in calls_by_trace]
+    if read_edges:
+        in_traces, traces = string_set("traces", read_edges)
+        # The call spans' times too (the same spans the ingest memo keeps: collectors.base.CALL_SPAN_NAMES),
+        # so a trace decomposed from the store splits gateway processing as one decomposed from memory.
+        for trace_id, span_id, parent, start_ns, end_ns in store.query_json(
+            f"SELECT trace_id, span_id, parent_span_id, "
+            f"if({_CALL_SPAN_SQL}, toUnixTimestamp64Nano(start_time), 0), "
+            f"if({_CALL_SPAN_SQL}, toUnixTimestamp64Nano(end_time), 0) FROM {store.table('spans')} "
+            f"WHERE project_id = {{project_id:UInt32}} AND trace_id IN {in_traces}",
+            project_id=project_id, parameters={"traces": traces},
+        ):
+            parents_by_trace[trace_id][span_id] = parent
+            if end_ns:
+                times_by_trace[trace_id][span_id] = (int(start_ns), int(end_ns))
+    return calls_by_trace, parents_by_trace, times_by_trace, retention
+
+
+def _loose_keys(records: list[RequestRecord], calls: list[LLMCall]) -> list[tuple[str, int]]:
+    """(correlation key, start ns) of the loose ends of one trace's rows (traces/joins.py): rows without an engine
+    hop, or without a client on top. Complete rows (the usual case) cost two comparisons."""
+    out = []
+    by_span = None
+    for record in records:
+        hops = record.hops
+        if not hops or (hops[0].role == "client" and hops[-1].role == "engine"):
+            continue
+        if by_span is None:
+            by_span = {call.span_id: call for call in calls}
+        for piece in joins.pieces_of(record.trace_id, [record], by_span):
+            if piece.outer_key is not None:
+                out.append((piece.outer_key, record.start_ns))
+            out.extend((key, record.start_ns) for key in piece.inner_keys)
+    return out
+
+
+def _join_partners(store: ClickHouseStore, project_id: int, keys: list[tuple[str, int]], known) -> list[str]:
+    """The traces, other than `known`, holding an LLM call with one of these correlation keys near its time."""
+    if not keys:
+        return []
+    window = joins.JOIN_WINDOW_NS
+    lo = min(start for _, start in keys) - window
+    hi = max(start for _, start in keys) + window
+    in_ids, ids = string_set("ids", joins.lookup_values({key for key, _ in keys}))
+    found = store.query_json(
+        f"SELECT DISTINCT trace_id FROM {store.table('llm_calls')} "
+        f"WHERE project_id = {{project_id:UInt32}} AND request_id IN {in_ids} "
+        "AND start_ns BETWEEN {lo:Int64} AND {hi:Int64}",
+        project_id=project_id, parameters={"ids": ids, "lo": lo, "hi": hi},
+    )
+    metrics.JOIN_LOOKUPS.inc()
+    return sorted({row[0] for row in found} - set(known))
+
+
+def _rebuild_chunk(store: ClickHouseStore, project_id: int, trace_ids: list[str], memory: TraceMemory | None = None) -> int:
+    entries = memory.get_many(project_id, trace_ids) if memory is not None else {}
+    remembered = _from_memory(store, project_id, entries) if entries else {}
+    calls_by_trace, parents_by_trace, times_by_trace, retention = _read_traces(store, project_id, trace_ids, remembered)
+    records_by_trace: dict[str, list[RequestRecord]] = {}
+    keys: list[tuple[str, int]] = []
+    loose: list[str] = []  # traces with rows that could join others'
+    for trace_id in sorted(calls_by_trace):
+        calls = calls_by_trace[trace_id]
+        records = records_by_trace[trace_id] = decompose_trace(calls, parents_by_trace.get(trace_id, {}),
+                                                               times_by_trace.get(trace_id))
+        found = _loose_keys(records, calls)
+        if found:
+            keys.extend(found)
+            loose.append(trace_id)
+    # Joins across broken propagation (traces/joins.py): the other traces holding the loose ends' ids, and theirs
+    # in turn, are decomposed with these, so that a join is the same whichever of its traces was rebuilt.
+    extra: list[str] = []
+    rounds = 0
+    while keys and rounds < _JOIN_ROUNDS and len(extra) < _MAX_JOIN_TRACES:
+        rounds += 1
+        partners = _join_partners(store, project_id, keys, records_by_trace)[: _MAX_JOIN_TRACES - len(extra)]
+        if not partners:
+            break
+        extra.extend(partners)
+        if memory is not None:
+            more = memory.get_many(project_id, partners)
+            entries.update(more)
+            remembered.update(_from_memory(store, project_id, more) if more else {})
+        more_calls, more_parents, more_times, more_retention = _read_traces(store, project_id, partners, remembered)
+        calls_by_trace.update(more_calls)
+        parents_by_trace.update(more_parents)
+        times_by_trace.update(more_times)
+        retention.update(more_retention)
+        keys = []
+        for trace_id in partners:
+            calls = calls_by_trace.get(trace_id)
+            if calls:
+                records = records_by_trace[trace_id] = decompose_trace(calls, parents_by_trace.get(trace_id, {}),
+                                                                       times_by_trace.get(trace_id))
+                found = _loose_keys(records, calls)
+                if found:
+                    keys.extend(found)
+                    loose.append(trace_id)
+    if len(loose) > 1:  # the pieces of one call may also have come together, in this chunk
+        traces = {t: (calls_by_trace[t], parents_by_trace.get(t, {}), times_by_trace.get(t)) for t in loose}
+        joined_traces = joins.join_traces(traces, {t: records_by_trace[t] for t in loose})
+        records_by_trace.update(joined_traces)
+        joined = sum(1 for records in joined_traces.values() for record in records if record.joined_by)
+        if joined:
+            metrics.JOINED_REQUESTS.inc(joined)
+        for trace_id, records in joined_traces.items():
+            for record in records:
+                if record.linked_trace_ids:  # a joined row keeps the longest retention of its traces
+                    retention[trace_id] = max([retention.get(trace_id, 1)]
+                                              + [retention.get(t, 1) for t in record.linked_trace_ids])
+    trace_ids = trace_ids + extra
     # The rows stored for these traces, to cancel those whose key a late span moved. Not FINAL (about 3x
     # the CPU here): an older version of a row still live, or of one already cancelled, can come back
     # too, and cancelling a row twice, or a row the new rows replace anyway, changes nothing.
@@ -264,33 +386,16 @@ def _rebuild_chunk(store: ClickHouseStore, project_id: int, trace_ids: list[str]
         project_id=project_id, parameters={"traces": traces},
     ) if unknown else ():
         previous[trace_id].add((key, start_us))
-    with_calls = sorted(calls_by_trace)
-    read_edges = [t for t in with_calls if t not in remembered]
-    if read_edges:
-        in_traces, traces = string_set("traces", read_edges)
-        # The call spans' times too (the same spans the ingest memo keeps: collectors.base.CALL_SPAN_NAMES),
-        # so a trace decomposed from the store splits gateway processing as one decomposed from memory.
-        for trace_id, span_id, parent, start_ns, end_ns in store.query_json(
-            f"SELECT trace_id, span_id, parent_span_id, "
-            f"if({_CALL_SPAN_SQL}, toUnixTimestamp64Nano(start_time), 0), "
-            f"if({_CALL_SPAN_SQL}, toUnixTimestamp64Nano(end_time), 0) FROM {store.table('spans')} "
-            f"WHERE project_id = {{project_id:UInt32}} AND trace_id IN {in_traces}",
-            project_id=project_id, parameters={"traces": traces},
-        ):
-            parents_by_trace[trace_id][span_id] = parent
-            if end_ns:
-                times_by_trace[trace_id][span_id] = (int(start_ns), int(end_ns))
+    with_calls = sorted(t for t, records in records_by_trace.items() if records)
     version = time.time_ns()
     rows = []
     add_row = rows.append
     hours: set[int] = set()  # hours (since the epoch) whose rollups these rows change
     add_hour = hours.add
-    no_calls: list[LLMCall] = []
-    no_parents: dict[str, str] = {}
+    no_records: list[RequestRecord] = []
     live: dict[str, set[tuple[str, int]]] = {}  # the rows each remembered trace has once these are written
-    for trace_id in with_calls + [t for t in previous if t not in calls_by_trace]:
-        records = decompose_trace(calls_by_trace.get(trace_id, no_calls), parents_by_trace.get(trace_id, no_parents),
-                                  times_by_trace.get(trace_id))
+    for trace_id in with_calls + [t for t in previous if t not in with_calls]:
+        records = records_by_trace.get(trace_id, no_records)
         days = retention.get(trace_id, 1)
         if trace_id in entries:
             live[trace_id] = {(record.request_key, record.start_ns // 1000) for record in records}

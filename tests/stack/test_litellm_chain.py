@@ -61,13 +61,27 @@ def gateway(live_platform, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def litellm(stack_python, gateway, live_platform, tmp_path_factory):
-    """A real LiteLLM proxy in front of the gateway, its OTel callback exporting to the platform."""
+    """A real LiteLLM proxy in front of the gateway, its OTel callback exporting to the platform, forwarding the
+    traceparent it receives."""
+    yield from _litellm(stack_python, gateway, live_platform, tmp_path_factory, forward=True)
+
+
+@pytest.fixture(scope="module")
+def litellm_default(stack_python, gateway, live_platform, tmp_path_factory):
+    """The same with LiteLLM's default: no traceparent to the provider (the gateway starts a trace of its own)."""
+    yield from _litellm(stack_python, gateway, live_platform, tmp_path_factory, forward=False)
+
+
+def _litellm(stack_python, gateway, live_platform, tmp_path_factory, forward: bool):
     work = tmp_path_factory.mktemp("litellm")
     config = work / "litellm.yaml"
+    settings = {"callbacks": ["otel"]}
+    if forward:
+        settings["forward_traceparent_to_llm_provider"] = True
     config.write_text(yaml.safe_dump({
         "model_list": [{"model_name": SERVED, "litellm_params": {
             "model": f"hosted_vllm/{SERVED}", "api_base": gateway, "api_key": "none"}}],
-        "litellm_settings": {"callbacks": ["otel"], "forward_traceparent_to_llm_provider": True},
+        "litellm_settings": settings,
     }))
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
@@ -148,3 +162,32 @@ def test_openai_client_through_litellm_and_the_gateway_is_one_row(stack_python, 
     # streaming; opentelemetry-instrumentation-openai-v2 2.4 records it only as a metric, so the row has none
     # (never the gateway's in its place: that would understate what the client saw).
     assert (row["ttft_ms"] is not None) is (stream and instrumentation != "genai"), row["ttft_ms"]
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["non-streaming", "streaming"])
+@pytest.mark.parametrize("instrumentation", ["openllmetry", "openinference", "genai"])
+def test_without_forwarding_the_two_traces_are_joined_by_the_response_id(stack_python, live_platform,
+                                                                          litellm_default, instrumentation, stream):
+    """LiteLLM's default: app + LiteLLM in the app's trace, gateway + engine in a trace of their own. The engine
+    reports the id LiteLLM passed back (the client's response id): one row, all four hops, marked as joined."""
+    answer = _call(stack_python, live_platform, litellm_default, instrumentation, stream)
+    deadline = time.monotonic() + 30
+    rows: list = []
+    while time.monotonic() < deadline:
+        rows = requests_for(live_platform.process, live_platform.tokens["alice"], answer["trace_id"])
+        if len(rows) == 1 and len(rows[0]["hops"]) == 4 and rows[0]["queue_ms"] is not None:
+            break
+        time.sleep(0.25)
+    assert len(rows) == 1, json.dumps(rows, indent=1)[:4000]
+    [row] = rows
+    assert row["joined_by"] == "response_id", json.dumps(row, indent=1)[:4000]
+    assert row["linked_trace_ids"] == [answer["trace_id"]] and row["trace_id"] != answer["trace_id"]
+    assert [(hop["role"], hop["service"], hop["trace_id"]) for hop in row["hops"]] == [
+        ("client", f"app-{instrumentation}", answer["trace_id"]),
+        ("gateway", "litellm-proxy", answer["trace_id"]),
+        ("gateway", "llm-gateway", row["trace_id"]), ("engine", "vllm", row["trace_id"])], json.dumps(row["hops"])
+    litellm_hop = row["hops"][1]
+    assert litellm_hop["processing_ms"] is not None and row["hops"][2]["network_ms"] is not None, row["hops"]
+    parts = [row[k] for k in ("network_ms", "overhead_ms", "queue_ms", "prefill_ms", "decode_ms")]
+    assert sum(parts) + (row["gateway_ms"] or 0.0) == pytest.approx(row["e2e_ms"], abs=0.01)
+    assert row["request_id"] == answer["response_id"]

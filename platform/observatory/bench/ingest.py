@@ -63,8 +63,9 @@ def main(argv=None) -> None:
     parser.add_argument("--senders", type=int, default=2)
     parser.add_argument("--cpu-detail", action="store_true",
                         help="also print the platform's CPU per span by thread name (Python threads are 'python')")
-    parser.add_argument("--hops", type=int, choices=(3, 5), default=3,
-                        help="spans per trace: 3 (client → gateway → engine) or 5 (two more gateways in front)")
+    parser.add_argument("--hops", type=int, choices=(2, 3, 5), default=3,
+                        help="spans per trace: 3 (client → gateway → engine), 5 (two more gateways in front) or 2 "
+                             "(gateway → engine, no client: every row a loose end looked up for a join)")
     parser.add_argument("--preload-traces", type=int, default=0,
                         help="traces (3 spans and a request row each) stored before the run")
     args = parser.parse_args(argv)

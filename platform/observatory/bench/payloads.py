@@ -33,10 +33,12 @@ def _resource(request, service, extra=()):
 
 
 def chain_batch(traces: int, rng: random.Random, base_ns: int | None = None, hops: int = 3) -> tuple[bytes, list[str]]:
-    """One export request holding `traces` complete chains of `hops` spans (3: client → gateway → engine; 5: two
-    more gateways of other services in front, an edge gateway and a LiteLLM-like proxy)."""
-    if hops not in (3, 5):
-        raise ValueError("hops must be 3 or 5")
+    """One export request holding `traces` chains of `hops` spans (3: client → gateway → engine; 5: two more
+    gateways of other services in front, an edge gateway and a LiteLLM-like proxy; 2: gateway → engine with no
+    client span, traffic from uninstrumented callers, whose rows are loose ends the decomposition tries to join
+    with other traces by their response id: traces/joins.py)."""
+    if hops not in (2, 3, 5):
+        raise ValueError("hops must be 2, 3 or 5")
     base_ns = base_ns or time.time_ns() - 60_000_000_000
     request = ExportTraceServiceRequest()
     client_scope = _resource(request, "chat-app")
@@ -68,10 +70,7 @@ def chain_batch(traces: int, rng: random.Random, base_ns: int | None = None, hop
         gateway_end = engine_end + rng.randint(1, 4) * 1_000_000
         client_end = gateway_end + rng.randint(1, 6) * 1_000_000
 
-        c = client_scope.spans.add()
-        c.trace_id, c.span_id, c.name, c.kind = trace_id, client_id, f"chat {model}", 3
-        c.start_time_unix_nano, c.end_time_unix_nano = start, client_end
-        parent_of_gateway = client_id
+        parent_of_gateway = client_id if hops > 2 else b""
         for depth, scope in enumerate(fronts, start=1):  # gateways in front: each nested 0.5 ms inside the last
             f = scope.spans.add()
             front_id = os.urandom(8)
@@ -83,13 +82,17 @@ def chain_batch(traces: int, rng: random.Random, base_ns: int | None = None, hop
                                ("http.request.method", "POST"), ("url.path", "/v1/chat/completions")):
                 add_attribute(f.attributes, key, value)
             parent_of_gateway = front_id
-        for key, value in (("gen_ai.operation.name", "chat"), ("gen_ai.provider.name", "openai"),
-                           ("gen_ai.request.model", model), ("gen_ai.response.model", model),
-                           ("gen_ai.request.max_tokens", 1024), ("gen_ai.request.temperature", 0.7),
-                           ("gen_ai.usage.input_tokens", prompt), ("gen_ai.usage.output_tokens", completion),
-                           ("gen_ai.response.id", f"chatcmpl-{i}"), ("server.address", "127.0.0.1"),
-                           ("server.port", 8100)):
-            add_attribute(c.attributes, key, value)
+        if hops > 2:
+            c = client_scope.spans.add()
+            c.trace_id, c.span_id, c.name, c.kind = trace_id, client_id, f"chat {model}", 3
+            c.start_time_unix_nano, c.end_time_unix_nano = start, client_end
+            for key, value in (("gen_ai.operation.name", "chat"), ("gen_ai.provider.name", "openai"),
+                               ("gen_ai.request.model", model), ("gen_ai.response.model", model),
+                               ("gen_ai.request.max_tokens", 1024), ("gen_ai.request.temperature", 0.7),
+                               ("gen_ai.usage.input_tokens", prompt), ("gen_ai.usage.output_tokens", completion),
+                               ("gen_ai.response.id", f"chatcmpl-{i}"), ("server.address", "127.0.0.1"),
+                               ("server.port", 8100)):
+                add_attribute(c.attributes, key, value)
 
         g = gateway_scope.spans.add()
         g.trace_id, g.span_id, g.parent_span_id, g.name, g.kind = (trace_id, gateway_id, parent_of_gateway,
