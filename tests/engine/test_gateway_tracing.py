@@ -2,9 +2,9 @@
 from __future__ import annotations
 
 import aiohttp
-from multidict import CIMultiDict
 from gateway_fakes import MODEL, FakeReplica, chat, gateway, groups, run, settings, tracing
 from ingest.otlp import Limits, decode_protobuf
+from multidict import CIMultiDict
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.trace import SpanKind, StatusCode
 

@@ -8,12 +8,13 @@ import time
 import uuid
 
 import pytest
-from collectors.base import LLMCall, Role
 from observatory.bench.payloads import add_attribute
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from otlp_live_helpers import post_traces, requests_for
 from traces.decomposition import decompose_trace
 from traces.joins import JOIN_WINDOW_NS, join_traces, lookup_values, normalize_id
+
+from collectors.base import LLMCall, Role
 
 MS = 1_000_000
 RID = "chatcmpl-5f1d2a9c0b7e4e43a1d6c2b8e9f0a1b2"
