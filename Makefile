@@ -118,8 +118,10 @@ up: $(UP_DEPS)
 	$(VENV_PYTHON) manage.py migrate_clickhouse
 	@key=$$($(VENV_PYTHON) manage.py create_ingest_key --project default --name "make up") && \
 	token=$$($(VENV_PYTHON) manage.py create_api_token --user admin --role admin --project default --name "make up") && \
+	login=$$($(VENV_PYTHON) manage.py dashboard_login --user admin --project default) && \
 	echo "" && \
 	echo "LLM latency observatory" && \
+	echo "  web dashboard        http://$(HTTP_BIND)/   log in as $$login" && \
 	echo "  platform, JSON API   http://$(HTTP_BIND)" && \
 	echo "  OTLP/HTTP            http://$(HTTP_BIND)/v1/traces" && \
 	echo "  OTLP/gRPC            $(GRPC_BIND)" && \

@@ -190,3 +190,19 @@ def stack_python() -> str:
             pytest.fail(message + "; OBSERVATORY_REQUIRE_STACK=1 says they must be here")
         pytest.skip(message)
     return str(python)
+
+
+# The dashboard's browser tests drive Debian's Chromium (`apt-get install chromium`; .ci/run installs it) through
+# Playwright with the system executable (Playwright's own browser download cannot work here). Skipped without it,
+# unless OBSERVATORY_REQUIRE_BROWSER=1 (CI), which makes its absence a failure.
+@pytest.fixture(scope="session")
+def chromium_executable() -> str:
+    import shutil
+
+    executable = os.environ.get("OBSERVATORY_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
+    if not executable:
+        message = "Chromium is not installed (apt-get install chromium; CI installs it)"
+        if os.environ.get("OBSERVATORY_REQUIRE_BROWSER") == "1":
+            pytest.fail(message + "; OBSERVATORY_REQUIRE_BROWSER=1 says it must be here")
+        pytest.skip(message)
+    return executable

@@ -68,12 +68,18 @@ INSTALLED_APPS = [
     "alerts",
     "notify",
     "observatory",
+    # The web dashboard (top-level dashboards/): server-rendered pages over the same data and roles as the API.
+    "dashboards",
     # Login throttling (README "Login and token throttling"); its tables hold the failed attempts and lockouts.
     "axes",
 ]
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # Compresses what goes out (pages, API answers, the static files below), when the client accepts it.
+    "django.middleware.gzip.GZipMiddleware",
+    # The dashboard's static files, straight from the apps' static directories (no collectstatic step).
+    "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -332,7 +338,21 @@ TIME_ZONE = "UTC"
 USE_I18N = False
 USE_TZ = True
 STATIC_URL = "static/"
-STATIC_ROOT = str(DATA_DIR / "static")
+# collectstatic target for deployments that serve /static/ elsewhere; the platform serves them itself (whitenoise).
+STATIC_ROOT = os.environ.get("STATIC_ROOT") or None
+WHITENOISE_USE_FINDERS = True
+WHITENOISE_AUTOREFRESH = False
+# The vendored files carry their version in their name; the rest changes with the platform: an hour.
+WHITENOISE_MAX_AGE = 3600
+
+# The dashboard's session login (same users, projects and roles as the API).
+LOGIN_URL = "/accounts/login/"
+LOGIN_REDIRECT_URL = "/"
+LOGOUT_REDIRECT_URL = "/accounts/login/"
+SESSION_COOKIE_HTTPONLY = True
+SESSION_COOKIE_SAMESITE = "Lax"
+CSRF_COOKIE_SAMESITE = "Lax"
+SESSION_COOKIE_AGE = envint("SESSION_COOKIE_AGE_SECONDS", 12 * 3600)
 
 LOGGING = {
     "version": 1,

@@ -1,5 +1,5 @@
 from django.contrib import admin
-from django.urls import path, re_path
+from django.urls import include, path, re_path
 from ingest.views import otlp_traces
 from traces.api import not_found_view
 
@@ -28,4 +28,5 @@ urlpatterns = [
     path("healthz", views.healthz),
     path("readyz", views.readyz),
     path("admin/", admin.site.urls),
+    path("", include("dashboards.urls")),
 ]

@@ -7,7 +7,7 @@ from typing import Literal, Optional
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from ninja import Query, Schema
-from observatory.api import PROJECT_DESCRIPTION, ApiError, ApiRouter, declared, project_for
+from observatory.api import PROJECT_DESCRIPTION, ApiError, ApiRouter, declared, project_for, project_name
 from observatory.inputs import EARLIEST, Flag, Matching, OptionalTime, ProjectName, Text, TraceId
 from pydantic import Field, field_validator
 
@@ -56,6 +56,7 @@ class NetworkPerHop(Schema):
 
 
 class Request(Schema):
+    project: str = Field(description="the project the row belongs to")
     trace_id: str
     request_key: str = Field(description="span id of the call that anchors the request (engine, else gateway, else "
                                           "client)")
@@ -137,7 +138,9 @@ class Summary(Schema):
 # -- inputs ----------------------------------------------------------------------------------------------------
 class RequestsQuery(Schema):
     trace_id: TraceId
-    project: Optional[ProjectName] = Field(None, description=PROJECT_DESCRIPTION)
+    project: Optional[ProjectName] = Field(None, description="Project name. A token that reads several projects "
+                                           "may leave it out: the trace is then searched in all of them. A project "
+                                           "the token does not read is 404.")
 
 
 class SummaryQuery(Schema):
@@ -164,8 +167,22 @@ class SummaryQuery(Schema):
             "latency decomposition", description="Ordered by start time. Requests appear once their spans are "
             "stored and the trace decomposed (see /readyz decomposition_pending).")
 def requests_view(request: HttpRequest, query: Query[RequestsQuery]):
-    project_id = project_for(request.auth, query.project)
-    return {"requests": queries.requests_for_trace(get_store(), project_id, query.trace_id.lower())}
+    identity = request.auth
+    if query.project is None and len(identity.projects) > 1:
+        # A trace id names one trace whatever the project: a token that reads several searches them all.
+        found = []
+        for name, project_id in sorted(identity.project_names.items()):
+            for item in queries.requests_for_trace(get_store(), project_id, query.trace_id.lower()):
+                item["project"] = name
+                found.append(item)
+        found.sort(key=lambda item: (item["start_time"], item["request_key"]))
+        return {"requests": found}
+    project_id = project_for(identity, query.project)
+    items = queries.requests_for_trace(get_store(), project_id, query.trace_id.lower())
+    name = project_name(identity, project_id)
+    for item in items:
+        item["project"] = name
+    return {"requests": items}
 
 
 @router.get("/latency/summary", response=declared(ok={200: Summary}),

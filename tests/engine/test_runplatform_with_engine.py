@@ -12,7 +12,7 @@ import time
 import urllib.parse
 
 import pytest
-from observatory.bench.harness import PlatformProcess, free_port
+from observatory.bench.harness import PlatformProcess, free_port, free_port_pair
 
 
 def _listening(port: int) -> bool:
@@ -21,22 +21,8 @@ def _listening(port: int) -> bool:
         return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
-def _free_pair() -> int:
-    """A port p with p and p + 1 both free (the fleet's two replicas take consecutive ports)."""
-    for _ in range(50):
-        port = free_port()
-        if port < 65535 and not _listening(port + 1):
-            with socket.socket() as sock:
-                try:
-                    sock.bind(("127.0.0.1", port + 1))
-                except OSError:
-                    continue
-            return port
-    raise RuntimeError("no two consecutive free ports")
-
-
 def test_make_up_runs_the_fleet_with_load_and_stops_it_on_sigterm(tmp_path):
-    gateway, control, replicas = free_port(), free_port(), _free_pair()
+    gateway, control, replicas = free_port(), free_port(), free_port_pair()
     process = PlatformProcess(
         data_dir=str(tmp_path / "data"), args=("--with-engine", "--load", "4"),
         extra_env={"ENGINE_GATEWAY_BIND": f"127.0.0.1:{gateway}", "ENGINE_CONTROL_BIND": f"127.0.0.1:{control}",

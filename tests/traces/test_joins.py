@@ -374,3 +374,21 @@ def test_summary_groups_and_filters_by_the_gateways_of_a_request(fresh_platform_
     assert status == 200, answer
     assert answer["filters"] == {"gateway": "litellm-proxy > llm-gateway"}
     assert [(g["key"], g["count"]) for g in answer["groups"]] == [({"service": "litellm-proxy"}, 1)]
+
+
+def test_a_token_of_several_projects_finds_a_trace_without_naming_the_project(live_platform):
+    """GET /requests?trace_id= with a token that reads alpha and beta searches both; each row names its project.
+    (The README's quick-start curl has no ?project=, and a second project must not break it.)"""
+    token = live_platform.process.manage("create_api_token", "--user", "carol", "--role", "viewer",
+                                         "--project", "alpha", "--project", "beta")
+    c = Call(time.time_ns() - 60 * 1_000_000_000)
+    for body in c.serving():
+        _send(live_platform, body, key="beta")
+    live_platform.process.wait_idle(60)
+    [row] = requests_for(live_platform.process, token, c.engine_trace)
+    assert row["project"] == "beta" and row["trace_id"] == c.engine_trace
+    assert requests_for(live_platform.process, token, uuid.uuid4().hex) == []
+    status, body = live_platform.process.get(f"/api/v1/requests?trace_id={c.engine_trace}&project=alpha", token)
+    assert status == 200 and body["requests"] == []
+    status, body = live_platform.process.get(f"/api/v1/requests?trace_id={c.engine_trace}&project=gamma", token)
+    assert status == 404, body

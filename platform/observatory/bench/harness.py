@@ -14,6 +14,21 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[3]
 
 
+def free_port_pair() -> int:
+    """A port p with p and p + 1 both free (a fleet's two replicas take consecutive ports)."""
+    for _ in range(50):
+        port = free_port()
+        if port >= 65535:
+            continue
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port + 1))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError("no two consecutive free ports")
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

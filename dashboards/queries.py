@@ -1,0 +1,224 @@
+"""The dashboard's ClickHouse reads. Every query filters on the project and takes its values as parameters."""
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import math
+import re
+from typing import Any
+
+from traces.store import ClickHouseStore, string_set
+
+# Time ranges of the pages: (label, seconds, bucket seconds of the charts, ~60-120 points each).
+RANGES = {
+    "15m": (900, 15),
+    "1h": (3600, 60),
+    "6h": (6 * 3600, 300),
+    "24h": (86400, 900),
+    "7d": (7 * 86400, 7200),
+    "30d": (30 * 86400, 6 * 3600),
+}
+DEFAULT_RANGE = "1h"
+COMPONENTS = ("network_ms", "gateway_ms", "overhead_ms", "queue_ms", "prefill_ms", "decode_ms")
+TAILS = ("e2e_ms", "ttft_ms", "tpot_ms")
+BREAKDOWNS = ("model", "service", "engine_config", "replica_group", "prompt_bucket")
+PROMPT_BUCKETS = ("<256", "<1k", "<4k", "<16k", ">=16k", "unknown")
+EXPLORER_FILTERS = ("model", "service", "engine_config", "replica_group", "prompt_bucket", "status")
+SORTS = {"start_time": "toUnixTimestamp64Micro(start_time)", "e2e_ms": "ifNull(e2e_ms, -1)",
+         "ttft_ms": "ifNull(ttft_ms, -1)", "tpot_ms": "ifNull(tpot_ms, -1)"}
+PAGE_SIZE = 50
+
+
+def _num(value: Any) -> float | None:
+    if value is None or (isinstance(value, float) and (math.isnan(value) or math.isinf(value))):
+        return None
+    return float(value)
+
+
+def _window(since: dt.datetime, until: dt.datetime) -> dict:
+    return {"since": since.replace(tzinfo=None), "until": until.replace(tzinfo=None)}
+
+
+def overview_series(store: ClickHouseStore, project_id: int, since: dt.datetime, until: dt.datetime,
+                    step: int) -> dict[str, list]:
+    """Per time bucket: request and error rates, p50/p95/p99 of e2e/TTFT/TPOT, the mean and p95 of each
+    component. Columns of equal length (None where a bucket has no value), `t` in epoch seconds."""
+    tails = ", ".join(f"quantilesTDigest(0.5, 0.95, 0.99)({m})" for m in TAILS)
+    means = ", ".join(f"avg({m})" for m in COMPONENTS)
+    p95s = ", ".join(f"quantileTDigest(0.95)({m})" for m in COMPONENTS)
+    rows = store.query(
+        f"SELECT toUnixTimestamp(toStartOfInterval(start_time, INTERVAL {{step:UInt32}} SECOND)) AS t, count(), "
+        f"countIf(status = 'error'), {tails}, {means}, {p95s} FROM {store.table('llm_requests')} FINAL "
+        "WHERE project_id = {project_id:UInt32} AND start_time >= {since:DateTime64(6)} "
+        "AND start_time < {until:DateTime64(6)} GROUP BY t ORDER BY t "
+        "SETTINGS do_not_merge_across_partitions_select_final = 1",
+        project_id=project_id, parameters={"step": step, **_window(since, until)},
+    )
+    by_t = {int(row[0]): row for row in rows}
+    start = int(since.timestamp()) // step * step
+    out: dict[str, list] = {"t": [], "rate": [], "errors": []}
+    for metric in TAILS:
+        for q in ("p50", "p95", "p99"):
+            out[f"{metric}_{q}"] = []
+    for metric in COMPONENTS:
+        out[f"{metric}_mean"] = []
+        out[f"{metric}_p95"] = []
+    t = start
+    while t < until.timestamp():
+        out["t"].append(t)
+        row = by_t.get(t)
+        if row is None:
+            out["rate"].append(0.0)
+            out["errors"].append(0.0)
+            for key in out:
+                if key not in ("t", "rate", "errors"):
+                    out[key].append(None)
+        else:
+            out["rate"].append(row[1] / step)
+            out["errors"].append(row[2] / step)
+            column = 3
+            for metric in TAILS:
+                values = row[column] or [None, None, None]
+                for q, value in zip(("p50", "p95", "p99"), values):
+                    out[f"{metric}_{q}"].append(_num(value))
+                column += 1
+            for metric in COMPONENTS:
+                out[f"{metric}_mean"].append(_num(row[column]))
+                column += 1
+            for metric in COMPONENTS:
+                out[f"{metric}_p95"].append(_num(row[column]))
+                column += 1
+        t += step
+    return out
+
+
+def group_series(store: ClickHouseStore, project_id: int, since: dt.datetime, until: dt.datetime, step: int,
+                 groups: list[str]) -> dict[str, Any]:
+    """p95 of e2e and TTFT per time bucket for each replica group (baseline and canary side by side)."""
+    rows = store.query(
+        f"SELECT toUnixTimestamp(toStartOfInterval(start_time, INTERVAL {{step:UInt32}} SECOND)) AS t, "
+        "replica_group, count(), quantileTDigest(0.95)(e2e_ms), quantileTDigest(0.95)(ttft_ms) "
+        f"FROM {store.table('llm_requests')} FINAL WHERE project_id = {{project_id:UInt32}} "
+        "AND start_time >= {since:DateTime64(6)} AND start_time < {until:DateTime64(6)} "
+        "AND replica_group IN {groups:Array(String)} GROUP BY t, replica_group ORDER BY t "
+        "SETTINGS do_not_merge_across_partitions_select_final = 1",
+        project_id=project_id, parameters={"step": step, "groups": groups, **_window(since, until)},
+    )
+    cells = {(int(t), g): (n, _num(e2e), _num(ttft)) for t, g, n, e2e, ttft in rows}
+    start = int(since.timestamp()) // step * step
+    times = list(range(start, int(until.timestamp()), step)) or [start]
+    return {
+        "t": times,
+        "groups": groups,
+        "e2e_p95": [[cells.get((t, g), (0, None, None))[1] for t in times] for g in groups],
+        "ttft_p95": [[cells.get((t, g), (0, None, None))[2] for t in times] for g in groups],
+    }
+
+
+# -- the requests explorer ------------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class Cursor:
+    """Where a page of the explorer ends: the sort value, trace id and request key of its last row."""
+
+    value: float
+    trace_id: str
+    request_key: str
+
+    _FORM = re.compile(r"^(-?[0-9]{1,20}(?:\.[0-9]{1,12})?)~([0-9a-f]{32})~([0-9A-Za-z]{1,64})$")
+
+    def encode(self) -> str:
+        return f"{self.value!r}~{self.trace_id}~{self.request_key}" if isinstance(self.value, float) else \
+            f"{self.value}~{self.trace_id}~{self.request_key}"
+
+    @classmethod
+    def decode(cls, text: str) -> "Cursor":
+        match = cls._FORM.match(text or "")
+        if match is None:
+            raise ValueError("not a page cursor of this explorer")
+        raw = match.group(1)
+        return cls(float(raw) if "." in raw else int(raw), match.group(2), match.group(3))
+
+
+EXPLORER_COLUMNS = ("start_time", "trace_id", "request_key", "service", "model", "engine_config", "replica_group",
+                    "gateway", "prompt_bucket", "prompt_tokens", "completion_tokens", "status", "e2e_ms", "ttft_ms",
+                    "tpot_ms", "network_ms", "queue_ms", "prefill_ms", "decode_ms", "joined_by")
+
+
+def explore(store: ClickHouseStore, project_id: int, *, since: dt.datetime, until: dt.datetime,
+            filters: dict[str, str], min_e2e: float | None, min_ttft: float | None, sort: str, descending: bool,
+            after: Cursor | None) -> tuple[list[dict], Cursor | None]:
+    """One page of request rows (PAGE_SIZE), sorted by `sort` then trace id and request key (keyset pagination:
+    `after` is the last row of the page before); returns the rows and the cursor of the next page (None: last)."""
+    key = SORTS[sort]
+    clauses = ["project_id = {project_id:UInt32}", "start_time >= {since:DateTime64(6)}",
+               "start_time < {until:DateTime64(6)}"]
+    params: dict[str, Any] = _window(since, until)
+    for name in EXPLORER_FILTERS:
+        if filters.get(name) is not None:
+            clauses.append(f"{name} = {{f_{name}:String}}")
+            params[f"f_{name}"] = filters[name]
+    if min_e2e is not None:
+        clauses.append("e2e_ms >= {min_e2e:Float64}")
+        params["min_e2e"] = min_e2e
+    if min_ttft is not None:
+        clauses.append("ttft_ms >= {min_ttft:Float64}")
+        params["min_ttft"] = min_ttft
+    order = "DESC" if descending else "ASC"
+    if after is not None:
+        clauses.append(f"({key}, trace_id, request_key) {'<' if descending else '>'} "
+                       "({after_value:Float64}, {after_trace:String}, {after_key:String})")
+        params.update(after_value=float(after.value), after_trace=after.trace_id, after_key=after.request_key)
+    columns = ", ".join(EXPLORER_COLUMNS)
+    rows = store.query(
+        f"SELECT {columns}, {key} FROM {store.table('llm_requests')} FINAL WHERE {' AND '.join(clauses)} "
+        f"ORDER BY {key} {order}, trace_id {order}, request_key {order} LIMIT {PAGE_SIZE + 1} "
+        "SETTINGS do_not_merge_across_partitions_select_final = 1",
+        project_id=project_id, parameters=params,
+    )
+    items = []
+    for row in rows[:PAGE_SIZE]:
+        item = {name: (_num(value) if name.endswith("_ms") else value) for name, value in zip(EXPLORER_COLUMNS, row)}
+        item["_sort"] = row[-1]
+        items.append(item)
+    following = None
+    if len(rows) > PAGE_SIZE:
+        last = items[-1]
+        value = last["_sort"]
+        following = Cursor(int(value) if sort == "start_time" else float(value), last["trace_id"],
+                           last["request_key"])
+    return items, following
+
+
+def distinct_values(store: ClickHouseStore, project_id: int, since: dt.datetime, until: dt.datetime) -> dict[str, list]:
+    """The values each label takes in the range, for the explorer's filter choices (at most 200 each)."""
+    names = ("model", "service", "engine_config", "replica_group")
+    selects = ", ".join(f"arraySort(groupUniqArray(200)({n}))" for n in names)
+    rows = store.query(
+        f"SELECT {selects} FROM {store.table('llm_requests')} WHERE project_id = {{project_id:UInt32}} "
+        "AND start_time >= {since:DateTime64(6)} AND start_time < {until:DateTime64(6)} AND is_deleted = 0",
+        project_id=project_id, parameters=_window(since, until),
+    )
+    row = rows[0] if rows else [[] for _ in names]
+    return {name: [v for v in values if v] for name, values in zip(names, row)}
+
+
+# -- a trace ---------------------------------------------------------------------------------------------------
+def spans_of(store: ClickHouseStore, project_id: int, trace_ids: list[str], span_ids: list[str]) -> dict[str, dict]:
+    """The stored spans with these ids (the hops of a trace's requests), by span id."""
+    if not span_ids:
+        return {}
+    in_traces, traces = string_set("traces", sorted(set(trace_ids)))
+    in_spans, spans = string_set("spans", sorted(set(span_ids)))
+    rows = store.query(
+        f"SELECT span_id, trace_id, name, kind, service_name, scope_name, status_code, status_message, "
+        f"toUnixTimestamp64Nano(start_time), toUnixTimestamp64Nano(end_time), attributes "
+        f"FROM {store.table('spans')} WHERE project_id = {{project_id:UInt32}} AND trace_id IN {in_traces} "
+        f"AND span_id IN {in_spans}",
+        project_id=project_id, parameters={"traces": traces, "spans": spans},
+    )
+    out = {}
+    for span_id, trace_id, name, kind, service, scope, code, message, start, end, attributes in rows:
+        out[span_id] = {"trace_id": trace_id, "name": name, "kind": kind, "service": service, "scope": scope,
+                        "status_code": code, "status_message": message, "start_ns": int(start), "end_ns": int(end),
+                        "attributes": sorted(dict(attributes).items())}
+    return out

@@ -1,0 +1,101 @@
+// The overview's charts: uPlot over the JSON the page embeds (#overview-data, #groups-data). Drawn on load and
+// again after each htmx refresh of the page body.
+(function () {
+  "use strict";
+  var COLORS = {p50: "#3b8bd9", p95: "#e6a23c", p99: "#d9534f", rate: "#3b8bd9", errors: "#c0392b",
+                network_ms: "#b0b8c4", gateway_ms: "#9b7ed1", overhead_ms: "#8aa0b8", queue_ms: "#e6a23c",
+                prefill_ms: "#d9534f", decode_ms: "#3bb27a"};
+  var GROUP_COLORS = ["#3b8bd9", "#e6a23c", "#3bb27a", "#9b7ed1", "#d9534f", "#7c8da3"];
+  var COMPONENTS = ["network_ms", "gateway_ms", "overhead_ms", "queue_ms", "prefill_ms", "decode_ms"];
+  var charts = [];
+
+  function read(id) {
+    var node = document.getElementById(id);
+    return node ? JSON.parse(node.textContent) : null;
+  }
+
+  function fmt(v) { return v == null ? "–" : (Math.abs(v) >= 100 ? v.toFixed(0) : v.toFixed(2)); }
+
+  function line(label, color, values, extra) {
+    var s = {label: label, stroke: color, width: 1.5, value: function (u, v) { return fmt(v); }, spanGaps: false};
+    for (var k in (extra || {})) { s[k] = extra[k]; }
+    return s;
+  }
+
+  // Stacked areas: each series drawn as the running sum, filled; the legend shows the component's own value.
+  function stacked(data, suffix) {
+    var xs = data.t, sums = xs.map(function () { return 0; }), series = [{}], columns = [xs], own = [];
+    COMPONENTS.forEach(function (name) {
+      var values = data[name + "_" + suffix];
+      if (!values.some(function (v) { return v != null; })) { return; }
+      sums = sums.map(function (s, i) { return s + (values[i] || 0); });
+      own.push(values);
+      columns.push(sums.slice());
+      series.push({label: name.replace("_ms", ""), stroke: COLORS[name], fill: COLORS[name] + "cc", width: 1});
+    });
+    // Draw the largest running sum first so that each smaller one paints over it.
+    var order = columns.slice(1).map(function (_, i) { return i; }).reverse();
+    var drawn = [xs], drawnSeries = [{}];
+    order.forEach(function (i) {
+      drawn.push(columns[i + 1]);
+      var s = series[i + 1], values = own[i];
+      s.value = function (u, v, si, idx) { return idx == null ? "–" : fmt(values[idx]); };
+      drawnSeries.push(s);
+    });
+    return {columns: drawn, series: drawnSeries};
+  }
+
+  function make(node, series, columns) {
+    var width = Math.max(node.clientWidth, 300);
+    var opts = {width: width, height: 210, series: series, scales: {x: {time: true}},
+                axes: [{}, {size: 56}], legend: {live: true}, cursor: {drag: {x: false, y: false}}};
+    node.innerHTML = "";
+    var chart = new uPlot(opts, columns, node);
+    node.setAttribute("data-drawn", String(columns[0].length));
+    charts.push({chart: chart, node: node});
+  }
+
+  function draw() {
+    charts.forEach(function (c) { c.chart.destroy(); });
+    charts = [];
+    var data = read("overview-data");
+    if (!data || typeof uPlot === "undefined") { return; }
+    document.querySelectorAll("[data-chart]").forEach(function (node) {
+      var kind = node.getAttribute("data-chart");
+      if (kind === "rate") {
+        make(node, [{}, line("requests/s", COLORS.rate), line("errors/s", COLORS.errors)],
+             [data.t, data.rate, data.errors]);
+      } else if (kind === "e2e_ms" || kind === "ttft_ms" || kind === "tpot_ms") {
+        make(node, [{}, line("p50", COLORS.p50), line("p95", COLORS.p95), line("p99", COLORS.p99)],
+             [data.t, data[kind + "_p50"], data[kind + "_p95"], data[kind + "_p99"]]);
+      } else if (kind === "decomposition_mean" || kind === "decomposition_p95") {
+        var st = stacked(data, kind === "decomposition_mean" ? "mean" : "p95");
+        make(node, st.series, st.columns);
+      } else if (kind === "groups_e2e" || kind === "groups_ttft") {
+        var groups = read("groups-data");
+        if (!groups) { return; }
+        var key = kind === "groups_e2e" ? "e2e_p95" : "ttft_p95";
+        var series = [{}], columns = [groups.t];
+        groups.groups.forEach(function (name, i) {
+          series.push(line(name, GROUP_COLORS[i % GROUP_COLORS.length]));
+          columns.push(groups[key][i]);
+        });
+        make(node, series, columns);
+      }
+    });
+  }
+
+  var resizeTimer = null;
+  window.addEventListener("resize", function () {
+    clearTimeout(resizeTimer);
+    resizeTimer = setTimeout(function () {
+      charts.forEach(function (c) { c.chart.setSize({width: Math.max(c.node.clientWidth, 300), height: 210}); });
+    }, 150);
+  });
+  document.addEventListener("DOMContentLoaded", draw);
+  // Selects that apply at once (the project switcher): submit their form on change.
+  document.addEventListener("change", function (event) {
+    if (event.target.matches && event.target.matches("select[data-autosubmit]")) { event.target.form.submit(); }
+  });
+  document.addEventListener("htmx:afterSwap", draw);
+})();

@@ -1,0 +1,331 @@
+"""The web dashboard in a real browser: Playwright driving Debian's Chromium (the system executable) against a live
+platform running the simulated engine with background load (two replica groups), as `make up` does.
+
+Screenshots of every page go to $OBSERVATORY_SCREENSHOTS (default: the test's temporary directory)."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+import urllib.parse
+import uuid
+from pathlib import Path
+
+import pytest
+from observatory.bench.harness import PlatformProcess, free_port, free_port_pair
+from observatory.bench.payloads import add_attribute
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from otlp_live_helpers import post_traces
+
+playwright_api = pytest.importorskip("playwright.sync_api")
+
+MS = 1_000_000
+
+
+def _password(output: str) -> str:
+    match = re.search(r"password '([^']+)'", output)
+    assert match, output
+    return match.group(1)
+
+
+@pytest.fixture(scope="module")
+def dash(tmp_path_factory, chromium_executable):
+    gateway, control, replicas = free_port(), free_port(), free_port_pair()
+    process = PlatformProcess(
+        data_dir=str(tmp_path_factory.mktemp("dash") / "data"), args=("--with-engine", "--load", "4"),
+        extra_env={"ENGINE_GATEWAY_BIND": f"127.0.0.1:{gateway}", "ENGINE_CONTROL_BIND": f"127.0.0.1:{control}",
+                   "ENGINE_REPLICA_BASE_PORT": str(replicas)},
+    )
+    try:
+        process.manage("migrate", "-v0")
+        keys = {name: process.manage("create_ingest_key", "--project", name) for name in ("default", "other")}
+        token = process.manage("create_api_token", "--user", "ops", "--role", "admin", "--project", "default")
+        passwords = {
+            "ops": _password(process.manage("dashboard_login", "--user", "ops", "--project", "default",
+                                            "--role", "operator")),
+            "viewer": _password(process.manage("dashboard_login", "--user", "viewer", "--project", "default",
+                                               "--role", "viewer")),
+            "outsider": _password(process.manage("dashboard_login", "--user", "outsider", "--project", "other",
+                                                 "--role", "viewer")),
+        }
+        process.manage("dashboard_login", "--user", "ops", "--project", "other", "--role", "viewer")
+        process.start(timeout=120)
+        _wait_for_both_groups(process, token)
+        yield {"process": process, "keys": keys, "token": token, "passwords": passwords, "url": process.url}
+    finally:
+        process.stop()
+
+
+def _wait_for_both_groups(process, token: str) -> None:
+    since = urllib.parse.quote(time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - 600)))
+    deadline = time.monotonic() + 120
+    groups: set = set()
+    while time.monotonic() < deadline:
+        status, body = process.get(f"/api/v1/latency/summary?group_by=replica_group&since={since}&project=default",
+                                   token)
+        assert status == 200, body
+        groups = {g["key"]["replica_group"] for g in body["groups"] if g["count"] >= 3}
+        if {"baseline", "canary"} <= groups:
+            return
+        time.sleep(1)
+    raise AssertionError(f"no traffic in both groups: {groups}\n{process.log_tail()}")
+
+
+@pytest.fixture(scope="module")
+def browser(chromium_executable):
+    with playwright_api.sync_playwright() as p:
+        instance = p.chromium.launch(executable_path=chromium_executable, args=["--no-sandbox"])
+        yield instance
+        instance.close()
+
+
+@pytest.fixture(scope="module")
+def shots(tmp_path_factory) -> Path:
+    directory = Path(os.environ.get("OBSERVATORY_SCREENSHOTS") or tmp_path_factory.mktemp("screenshots"))
+    directory.mkdir(parents=True, exist_ok=True)
+    return directory
+
+
+class Session:
+    """A logged-in browser page that records every JavaScript error and failed request."""
+
+    def __init__(self, browser, url: str):
+        self.context = browser.new_context(viewport={"width": 1400, "height": 1000})
+        self.page = self.context.new_page()
+        self.url = url
+        self.errors: list[str] = []
+        self.page.on("pageerror", lambda error: self.errors.append(f"page error: {error}"))
+        self.page.on("console", lambda m: self.errors.append(f"console: {m.text}") if m.type == "error" else None)
+
+    def login(self, user: str, password: str, expect_ok: bool = True) -> None:
+        self.page.goto(self.url + "/accounts/login/")
+        self.page.fill("#id_username", user)
+        self.page.fill("#id_password", password)
+        self.page.click("button[type=submit]")
+        self.page.wait_for_load_state("networkidle")
+        if expect_ok:
+            assert not self.page.url.endswith("/accounts/login/"), self.page.content()[:2000]
+
+    def goto(self, path: str):
+        response = self.page.goto(self.url + path)
+        self.page.wait_for_load_state("networkidle")
+        return response
+
+    def close(self):
+        self.context.close()
+
+
+@pytest.fixture
+def ops(browser, dash):
+    session = Session(browser, dash["url"])
+    session.login("ops", dash["passwords"]["ops"])
+    yield session
+    assert session.errors == [], session.errors
+    session.close()
+
+
+def _api(dash, path: str):
+    status, body = dash["process"].get(path, dash["token"])
+    assert status == 200, body
+    return body
+
+
+# -- login and projects --------------------------------------------------------------------------------------
+def test_a_logged_out_visitor_is_sent_to_the_login_page_and_a_wrong_password_is_refused(browser, dash, shots):
+    session = Session(browser, dash["url"])
+    for path in ("/", "/requests/", "/traces/" + "0" * 32):
+        session.goto(path)
+        assert urllib.parse.urlparse(session.page.url).path == "/accounts/login/", session.page.url
+    session.page.screenshot(path=str(shots / "login.png"))
+    session.login("ops", "not the password", expect_ok=False)
+    assert session.page.locator("[role=alert]").inner_text().startswith("Please enter a correct")
+    cookies = {c["name"]: c for c in session.context.cookies()}
+    assert cookies["csrftoken"]["sameSite"] == "Lax"
+    session.login("ops", dash["passwords"]["ops"])
+    session_cookie = {c["name"]: c for c in session.context.cookies()}["sessionid"]
+    assert session_cookie["httpOnly"] is True and session_cookie["sameSite"] == "Lax"
+    assert session.errors == []
+    session.close()
+
+
+def test_switching_project(ops):
+    ops.goto("/")
+    assert ops.page.locator("#project-select").input_value() == "default"
+    with ops.page.expect_navigation():
+        ops.page.select_option("#project-select", "other")
+    assert "project=other" in ops.page.url
+    assert ops.page.locator("[data-testid=total]").inner_text() == "0"  # nothing sent to 'other'
+    ops.goto("/requests/")  # the choice is remembered
+    assert ops.page.locator("#project-select").input_value() == "other"
+    assert ops.page.locator("table.requests tbody tr").count() == 0
+    with ops.page.expect_navigation():
+        ops.page.select_option("#project-select", "default")
+    assert "project=default" in ops.page.url and urllib.parse.urlparse(ops.page.url).path == "/requests/"
+    assert ops.page.locator("table.requests tbody tr").count() > 0
+
+
+# -- overview --------------------------------------------------------------------------------------------------
+def test_overview_draws_its_charts_from_live_data(ops, dash, shots):
+    ops.goto("/?range=15m")
+    total = int(ops.page.locator("[data-testid=total]").inner_text())
+    assert total > 0
+    charts = ops.page.locator("[data-chart]")
+    assert charts.count() == 8  # six charts, and the two of the replica-group comparison
+    for index in range(charts.count()):
+        chart = charts.nth(index)
+        assert chart.locator("canvas").count() == 1, chart.get_attribute("data-chart")
+        assert int(chart.get_attribute("data-drawn")) >= 50  # 15 min in 15 s buckets
+    data = json.loads(ops.page.locator("#overview-data").inner_text())
+    assert round(sum(data["rate"]) * 15) == total
+    assert any(v is not None for v in data["decode_ms_mean"])
+    cards = ops.page.locator(".group-card h3").all_inner_texts()
+    assert cards == ["baseline", "canary"] or cards == ["canary", "baseline"]
+    for dimension in ("model", "service", "engine config", "replica group", "prompt length"):
+        assert ops.page.get_by_role("heading", name=f"by {dimension}").count() == 1
+    ops.page.screenshot(path=str(shots / "overview.png"), full_page=True)
+    # Auto-refresh swaps the body and draws again, without errors.
+    ops.page.evaluate("htmx.trigger('#overview-body', 'every 30s')")
+    ops.page.wait_for_timeout(1500)
+    assert ops.page.locator("[data-chart] canvas").count() == 8
+
+
+# -- requests explorer ----------------------------------------------------------------------------------------
+def test_explorer_filters_sorts_and_pages(ops, shots):
+    ops.goto("/requests/?range=15m&replica_group=canary")
+    groups = ops.page.locator("table.requests tbody tr td:nth-child(4)").all_inner_texts()
+    assert groups and set(groups) == {"canary"}
+    ops.goto("/requests/?range=15m&sort=e2e_ms&order=desc")
+    ops.page.screenshot(path=str(shots / "requests.png"), full_page=True)
+    first = [_ms(t) for t in ops.page.locator("table.requests tbody tr td:nth-child(8)").all_inner_texts()]
+    assert first == sorted(first, reverse=True)
+    next_link = ops.page.locator("a[rel=next]")
+    if len(first) == 50:  # a second page, continuing where the first stopped
+        assert next_link.count() == 1
+        with ops.page.expect_navigation():
+            next_link.click()
+        second = [_ms(t) for t in ops.page.locator("table.requests tbody tr td:nth-child(8)").all_inner_texts()]
+        assert second and max(second) <= min(first)
+    # Invalid input: the message next to its field, and no query.
+    response = ops.goto("/requests/?min_e2e=abc&prompt_bucket=huge&after=nonsense")
+    assert response.status == 400
+    invalid = ops.page.locator(".field.invalid").all_inner_texts()
+    assert len(invalid) == 2
+    assert any(t.startswith("min e2e (ms)") and "Enter a number" in t for t in invalid), invalid
+    assert any(t.startswith("Prompt bucket") and "Select a valid choice" in t for t in invalid), invalid
+    assert "not a page cursor" in ops.page.content()
+    # The browser logs the 400 answer itself as a failed load: expected here, not an error of the page.
+    assert all("status of 400" in e for e in ops.errors), ops.errors
+    ops.errors.clear()
+
+
+def _ms(text: str) -> float:
+    value, unit = text.split()
+    return float(value) * (1000 if unit == "s" else 1)
+
+
+# -- trace detail ------------------------------------------------------------------------------------------------
+def test_waterfall_segments_match_the_api_figures(ops, dash, shots):
+    ops.goto("/requests/?range=15m&replica_group=baseline&sort=e2e_ms&order=desc")
+    with ops.page.expect_navigation():
+        ops.page.locator("table.requests tbody tr a").first.click()
+    trace_id = ops.page.url.split("/traces/")[1].split("#")[0]
+    ops.page.screenshot(path=str(shots / "trace.png"), full_page=True)
+    [row] = [r for r in _api(dash, f"/api/v1/requests?trace_id={trace_id}")["requests"]]
+    hops = row["hops"]
+    assert [h["role"] for h in hops] == ["client", "gateway", "engine"]
+    start = min(h["start_ns"] for h in hops)
+    total_ms = (max(h["start_ns"] + h["duration_ms"] * 1e6 for h in hops) - start) / 1e6
+    section = ops.page.locator(f"#request-{row['request_key']}")
+    track = section.locator(".lane[data-role=engine] .lane-track").bounding_box()
+    for name in ("queue", "prefill", "decode"):
+        box = section.locator(f".segment[data-segment={name}]").bounding_box()
+        expected = track["width"] * row[f"{name}_ms"] / total_ms
+        assert abs(box["width"] - max(expected, 1.0)) <= 1.5, (name, box, expected)
+    engine_bar = section.locator(".lane[data-role=engine] .bar").bounding_box()
+    engine = hops[2]
+    assert abs(engine_bar["width"] - track["width"] * engine["duration_ms"] / total_ms) <= 1.5
+    assert abs(engine_bar["x"] - track["x"] - track["width"] * (engine["start_ns"] - start) / 1e6 / total_ms) <= 1.5
+    # The network between the gateway and the engine is drawn (the gap before the engine starts).
+    assert section.locator(".lane[data-role=engine] .gap").count() >= 1
+    figures = {cell.get_attribute("data-figure"): cell.inner_text()
+               for cell in section.locator("[data-figure]").all()}
+    assert figures["decode_ms"] != "–" and figures["e2e_ms"] != "–"
+
+
+def _otlp(trace_id: str, attributes: list[tuple[str, object]]) -> bytes:
+    request = ExportTraceServiceRequest()
+    rs = request.resource_spans.add()
+    add_attribute(rs.resource.attributes, "service.name", "evil<b>app</b>")
+    scope = rs.scope_spans.add()
+    scope.scope.name = "opentelemetry.instrumentation.openai_v2"
+    span = scope.spans.add()
+    span.trace_id, span.span_id = bytes.fromhex(trace_id), os.urandom(8)
+    span.name, span.kind = "chat <img src=x onerror=alert(1)>", 3
+    span.start_time_unix_nano = time.time_ns() - 5_000 * MS
+    span.end_time_unix_nano = span.start_time_unix_nano + 300 * MS
+    for key, value in [("gen_ai.operation.name", "chat"), ("gen_ai.request.model", "<script>m</script>"),
+                       ("gen_ai.response.id", "chatcmpl-" + uuid.uuid4().hex), *attributes]:
+        add_attribute(span.attributes, key, value)
+    return request.SerializeToString()
+
+
+def test_span_attributes_and_names_render_as_text(ops, dash):
+    trace_id = uuid.uuid4().hex
+    status, _, answer = post_traces(dash["process"], dash["keys"]["default"], _otlp(
+        trace_id, [("app.note", "<script>window.__pwned = 1</script>")]))
+    assert status == 200, answer
+    deadline = time.monotonic() + 30
+    while not _api(dash, f"/api/v1/requests?trace_id={trace_id}")["requests"]:
+        assert time.monotonic() < deadline
+        time.sleep(0.3)
+    ops.goto(f"/traces/{trace_id}")
+    ops.page.locator("details.attributes summary").first.click()
+    assert ops.page.get_by_text("<script>window.__pwned = 1</script>").count() == 1
+    assert ops.page.evaluate("window.__pwned") is None
+    assert ops.page.locator("script:not([src]):not([type='application/json'])").count() == 0
+    assert ops.page.locator("img").count() == 0
+    assert "evil<b>app</b>" in ops.page.locator("h2").first.inner_text()
+
+
+def test_another_projects_trace_is_404(browser, dash, ops):
+    trace_id = uuid.uuid4().hex
+    status, _, _ = post_traces(dash["process"], dash["keys"]["other"], _otlp(trace_id, []))
+    assert status == 200
+    dash["process"].wait_idle(30)
+    outsider = Session(browser, dash["url"])
+    outsider.login("outsider", dash["passwords"]["outsider"])
+    assert outsider.goto(f"/traces/{trace_id}").status == 200  # its own project's
+    outsider.close()
+    viewer = Session(browser, dash["url"])
+    viewer.login("viewer", dash["passwords"]["viewer"])
+    assert viewer.goto(f"/traces/{trace_id}").status == 404    # a member of 'default' only
+    assert viewer.goto("/?project=other").status == 404        # not a member: no such project for them
+    assert viewer.goto("/traces/not-a-trace-id").status == 404
+    viewer.close()
+
+
+# -- every page: keyboard and JavaScript errors ----------------------------------------------------------------------
+def test_main_navigation_works_from_the_keyboard(ops):
+    ops.goto("/")
+    ops.page.keyboard.press("Tab")
+    assert ops.page.evaluate("document.activeElement.textContent") == "Skip to content"
+    ops.page.keyboard.press("Tab")  # the brand link
+    ops.page.keyboard.press("Tab")  # Overview
+    assert ops.page.evaluate("document.activeElement.textContent") == "Overview"
+    ops.page.keyboard.press("Tab")  # Requests
+    assert ops.page.evaluate("document.activeElement.textContent") == "Requests"
+    with ops.page.expect_navigation():
+        ops.page.keyboard.press("Enter")
+    assert urllib.parse.urlparse(ops.page.url).path == "/requests/"
+    assert ops.page.locator("nav[aria-label=Main] a[aria-current=page]").inner_text() == "Requests"
+
+
+def test_no_page_logs_a_javascript_error(ops):
+    for path in ("/", "/?range=24h", "/?range=30d", "/requests/", "/requests/?range=7d&sort=ttft_ms"):
+        ops.goto(path)
+    with ops.page.expect_navigation():
+        ops.page.locator("table.requests tbody tr a").first.click()
+    ops.page.wait_for_load_state("networkidle")
+    assert "/traces/" in ops.page.url
+    assert ops.errors == []
