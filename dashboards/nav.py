@@ -14,4 +14,6 @@ class Entry:
 PAGES = (
     Entry("overview", "Overview", "overview"),
     Entry("requests", "Requests", "requests"),
+    Entry("slos", "SLOs", "slos"),
+    Entry("alerts", "Alerts", "alerts"),
 )

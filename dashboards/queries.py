@@ -56,7 +56,8 @@ def overview_series(store: ClickHouseStore, project_id: int, since: dt.datetime,
     )
     by_t = {int(row[0]): row for row in rows}
     start = int(since.timestamp()) // step * step
-    out: dict[str, list] = {"t": [], "rate": [], "errors": []}
+    out: dict[str, Any] = {"t": [], "rate": [], "errors": [], "since": int(since.timestamp()),
+                           "until": int(until.timestamp())}
     for metric in TAILS:
         for q in ("p50", "p95", "p99"):
             out[f"{metric}_{q}"] = []
@@ -71,7 +72,7 @@ def overview_series(store: ClickHouseStore, project_id: int, since: dt.datetime,
             out["rate"].append(0.0)
             out["errors"].append(0.0)
             for key in out:
-                if key not in ("t", "rate", "errors"):
+                if key not in ("t", "rate", "errors", "since", "until"):
                     out[key].append(None)
         else:
             out["rate"].append(row[1] / step)

@@ -2,12 +2,20 @@
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from . import views
+from . import alert_views, slo_views, views
 
 urlpatterns = [
     path("", views.overview, name="overview"),
     path("requests/", views.requests_explorer, name="requests"),
     path("traces/<str:trace_id>", views.trace_detail, name="trace"),
+    path("slos/", slo_views.slo_list, name="slos"),
+    path("slos/new", slo_views.slo_form, name="slo-new"),
+    path("slos/<slug:name>/", slo_views.slo_detail, name="slo"),
+    path("slos/<slug:name>/edit", slo_views.slo_form, name="slo-edit"),
+    path("slos/<slug:name>/delete", slo_views.slo_delete, name="slo-delete"),
+    path("alerts/", alert_views.alert_list, name="alerts"),
+    path("alerts/<str:fingerprint>/", alert_views.alert_detail, name="alert"),
+    path("silences/<int:silence_id>/expire", alert_views.silence_expire, name="silence-expire"),
     path("accounts/login/", auth_views.LoginView.as_view(template_name="dashboards/login.html",
                                                          redirect_authenticated_user=True), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),

@@ -47,3 +47,40 @@ def label(name: str) -> str:
 @register.filter
 def lookup(mapping, key):
     return mapping.get(key) if isinstance(mapping, dict) else None
+
+
+@register.filter
+def get(mapping, key):
+    """mapping[key], or None (templates cannot index with a variable)."""
+    return mapping.get(key) if isinstance(mapping, dict) else None
+
+
+@register.filter
+def can(viewer, role: str) -> bool:
+    return viewer.can(role)
+
+
+@register.filter
+def burn(value) -> str:
+    return "–" if value is None else f"{float(value):.2f}×"
+
+
+@register.filter
+def split(value: str):
+    return value.split()
+
+
+@register.filter
+def signed_ms(value) -> str:
+    if value is None:
+        return "–"
+    return ("+" if float(value) >= 0 else "−") + ms(abs(float(value)))
+
+
+@register.filter
+def num(value) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, float):
+        return f"{value:.3g}" if abs(value) < 1000 else f"{value:.0f}"
+    return str(value)

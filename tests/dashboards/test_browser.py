@@ -35,7 +35,9 @@ def dash(tmp_path_factory, chromium_executable):
     process = PlatformProcess(
         data_dir=str(tmp_path_factory.mktemp("dash") / "data"), args=("--with-engine", "--load", "4"),
         extra_env={"ENGINE_GATEWAY_BIND": f"127.0.0.1:{gateway}", "ENGINE_CONTROL_BIND": f"127.0.0.1:{control}",
-                   "ENGINE_REPLICA_BASE_PORT": str(replicas)},
+                   "ENGINE_REPLICA_BASE_PORT": str(replicas),
+                   # SLOs evaluated every 2 s and a page firing 1 s after it became pending: an alert within seconds.
+                   "SLO_EVALUATE_INTERVAL_SECONDS": "2", "ALERTS_PAGE_FOR_SECONDS": "1"},
     )
     try:
         process.manage("migrate", "-v0")
@@ -329,3 +331,140 @@ def test_no_page_logs_a_javascript_error(ops):
     ops.page.wait_for_load_state("networkidle")
     assert "/traces/" in ops.page.url
     assert ops.errors == []
+
+
+# -- SLOs, alerts, silences, and what a viewer may not do ----------------------------------------------------------
+def _submit(session, selector: str = "form.form-grid button[type=submit]"):
+    with session.page.expect_navigation():
+        session.page.click(selector)
+
+
+def test_creating_an_slo_through_the_form(ops, dash, shots):
+    ops.goto("/slos/new")
+    ops.page.fill("#f-name", "Not A Slug")
+    ops.page.fill("#f-threshold_ms", "fast")
+    ops.page.fill("#f-objective", "150%")
+    _submit(ops)
+    invalid = ops.page.locator(".field.invalid")
+    errors = {invalid.nth(i).locator("label").inner_text(): invalid.nth(i).locator(".field-error").all_inner_texts()
+              for i in range(invalid.count())}
+    ops.page.screenshot(path=str(shots / "slo-form-errors.png"), full_page=True)
+    assert errors["Name"][0].startswith("a slug") and len(errors["Name"]) == 1
+    assert errors["Threshold (ms)"] == ["Input should be a valid number"]
+    assert len(errors["Objective"]) == 1 and errors["Objective"][0].startswith("a percentage above 0%"), errors
+    assert all("status of 400" in e for e in ops.errors)
+    ops.errors.clear()
+    # A check only the definition can make (the default tiers cannot fire under 93.06%): the API's message too.
+    ops.page.fill("#f-name", "chat-ttft")
+    ops.page.fill("#f-threshold_ms", "1")
+    ops.page.fill("#f-objective", "90%")
+    _submit(ops)
+    assert "can never fire" in ops.page.locator(".field.invalid, .error").first.inner_text()
+    ops.errors.clear()
+    ops.page.fill("#f-objective", "99%")
+    ops.page.fill("#f-service", "llm-loadgen")
+    _submit(ops)
+    assert ops.page.url.endswith("/slos/chat-ttft/"), ops.page.url
+    slo = _api(dash, "/api/v1/slos/chat-ttft?project=default")
+    assert (slo["sli"], slo["threshold_ms"], slo["objective_percent"], slo["filters"]) == (
+        "ttft_ms", 1.0, "99%", {"service": ["llm-loadgen"]})
+    ops.goto("/slos/new")
+    ops.page.fill("#f-name", "chat-ttft")
+    ops.page.fill("#f-threshold_ms", "100")
+    _submit(ops)
+    assert "already exists" in ops.page.locator(".field.invalid .field-error").inner_text()
+    ops.errors.clear()
+
+
+@pytest.fixture(scope="module")
+def burning(dash) -> str:
+    """An SLO every request breaks (TTFT under 1 ms): its page alert fires within seconds."""
+    body = json.dumps({"name": "burning-ttft", "sli": "ttft_ms", "threshold_ms": 1, "objective": "99%"}).encode()
+    status, _, answer = dash["process"].post("/api/v1/slos?project=default", body, {
+        "Authorization": f"Bearer {dash['token']}", "Content-Type": "application/json"})
+    assert status == 201, answer
+    return "burning-ttft"
+
+
+def _wait_for_firing(dash, slo: str, timeout: float = 90) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        alerts = _api(dash, "/api/v1/alerts?project=default&state=firing&severity=page")["alerts"]
+        firing = [a for a in alerts if a["slo"] == slo and a["diagnosis"]]
+        if firing:
+            return firing[0]
+        time.sleep(1)
+    raise AssertionError(_api(dash, "/api/v1/alerts?project=default"))
+
+
+def test_slo_page_draws_burn_rates_and_budget(ops, dash, shots, burning):
+    _wait_for_firing(dash, burning)
+    ops.goto("/slos/")
+    row = ops.page.locator(f"tr[data-slo={burning}]")
+    assert "burning" in row.inner_text()
+    ops.page.screenshot(path=str(shots / "slos.png"), full_page=True)
+    ops.goto(f"/slos/{burning}/?window=6h")
+    data = json.loads(ops.page.locator("#slo-data").inner_text())
+    assert data["thresholds"] == [14.4, 6.0, 3.0, 1.0] and len(data["t"]) >= 1
+    for kind in ("burn", "budget"):
+        assert ops.page.locator(f"[data-chart={kind}] canvas").count() == 1
+    assert ops.page.locator("[data-testid=budget]").inner_text().endswith("%")
+    ops.page.screenshot(path=str(shots / "slo.png"), full_page=True)
+
+
+def test_alert_page_renders_the_diagnosis_and_silences_it(ops, dash, shots, burning):
+    alert = _wait_for_firing(dash, burning)
+    ops.goto("/alerts/?state=firing")
+    ops.page.screenshot(path=str(shots / "alerts.png"), full_page=True)
+    with ops.page.expect_navigation():
+        ops.page.locator(f"tr[data-alert='{alert['fingerprint']}'] a").click()
+    diagnosis = alert["diagnosis"]
+    assert ops.page.locator("[data-testid=dx-summary]").inner_text() == diagnosis["summary"]
+    assert ops.page.locator("[data-testid=dx-suggestion]").inner_text() == diagnosis["suggestion"]
+    bars = ops.page.locator(".dx-row")
+    assert bars.count() >= 5
+    assert ops.page.locator(f".dx-row[data-component={diagnosis['dominant_component']}].dominant").count() == 1
+    assert ops.page.locator(".timeline li").count() >= 2  # pending, then firing
+    ops.page.screenshot(path=str(shots / "alert.png"), full_page=True)
+    # Silence it from the page: a bad duration first, then a good one.
+    ops.page.fill("#f-duration", "forever")
+    ops.page.fill("#f-comment", "looking into it")
+    _submit(ops, "form.silence-form button[type=submit]")
+    assert ops.page.locator(".silence-form .field.invalid").count() == 1
+    ops.errors.clear()
+    ops.page.fill("#f-duration", "30m")
+    _submit(ops, "form.silence-form button[type=submit]")
+    silences = _api(dash, "/api/v1/silences?project=default&status=active")["silences"]
+    assert [s["comment"] for s in silences] == ["looking into it"] and silences[0]["created_by"] == "ops"
+    again = _api(dash, f"/api/v1/alerts/{alert['fingerprint']}?project=default")["alert"]
+    assert again["silenced_by"] == [silences[0]["id"]]
+    assert ops.page.locator(f"tr[data-silence='{silences[0]['id']}']").count() == 1
+    # ... and expire it.
+    _submit(ops, f"tr[data-silence='{silences[0]['id']}'] button[type=submit]")
+    assert _api(dash, "/api/v1/silences?project=default&status=active")["silences"] == []
+
+
+def test_a_viewer_sees_no_edit_controls_and_gets_403_when_posting(browser, dash, burning, ops):
+    alert = _wait_for_firing(dash, burning)
+    viewer = Session(browser, dash["url"])
+    viewer.login("viewer", dash["passwords"]["viewer"])
+    viewer.goto("/slos/")
+    assert viewer.page.get_by_text("New SLO").count() == 0
+    viewer.goto(f"/slos/{burning}/")
+    assert viewer.page.locator("a:has-text('Edit'), button:has-text('Delete')").count() == 0
+    viewer.goto(f"/alerts/{alert['fingerprint']}/")
+    assert viewer.page.locator("form.silence-form").count() == 0
+    assert viewer.goto("/slos/new").status == 403
+    csrf = {c["name"]: c["value"] for c in viewer.context.cookies()}["csrftoken"]
+    headers = {"X-CSRFToken": csrf}
+    request = viewer.context.request
+    assert request.post(dash["url"] + "/slos/new", form={"name": "x", "sli": "error_ratio", "objective": "99%"},
+                        headers=headers).status == 403
+    assert request.post(dash["url"] + f"/slos/{burning}/delete", headers=headers).status == 403
+    assert request.post(dash["url"] + f"/alerts/{alert['fingerprint']}/",
+                        form={"matchers": f'slo="{burning}"', "duration": "1h", "comment": "no"},
+                        headers=headers).status == 403
+    # Without the CSRF token even an operator's POST is refused.
+    assert ops.context.request.post(dash["url"] + f"/slos/{burning}/delete").status == 403
+    assert _api(dash, f"/api/v1/slos/{burning}?project=default")["name"] == burning
+    viewer.close()

@@ -45,9 +45,14 @@
     return {columns: drawn, series: drawnSeries};
   }
 
+  // The x axis spans the range asked for (`since`..`until` of the page's data), whatever the data covers.
+  var xRange = null;
+
   function make(node, series, columns) {
     var width = Math.max(node.clientWidth, 300);
-    var opts = {width: width, height: 210, series: series, scales: {x: {time: true}},
+    var x = {time: true};
+    if (xRange) { x.range = function () { return xRange; }; }
+    var opts = {width: width, height: 210, series: series, scales: {x: x},
                 axes: [{}, {size: 56}], legend: {live: true}, cursor: {drag: {x: false, y: false}}};
     node.innerHTML = "";
     var chart = new uPlot(opts, columns, node);
@@ -55,11 +60,45 @@
     charts.push({chart: chart, node: node});
   }
 
+  // A constant series drawn dashed (a tier's burn-rate threshold).
+  function threshold(label, value, xs) {
+    return {series: {label: label, stroke: "#c0392b", width: 1, dash: [6, 4], points: {show: false},
+                     value: function () { return value + "×"; }},
+            values: xs.map(function () { return value; })};
+  }
+
+  function drawSlo(data) {
+    document.querySelectorAll("[data-chart]").forEach(function (node) {
+      var kind = node.getAttribute("data-chart");
+      if (kind === "burn") {
+        var series = [{}], columns = [data.t];
+        data.windows.forEach(function (w, i) {
+          series.push(line(w, GROUP_COLORS[i % GROUP_COLORS.length]));
+          columns.push(data.burn[i]);
+        });
+        data.thresholds.forEach(function (factor) {
+          var th = threshold(factor + "× tier", factor, data.t);
+          series.push(th.series);
+          columns.push(th.values);
+        });
+        make(node, series, columns);
+      } else if (kind === "budget") {
+        make(node, [{}, line("budget remaining", COLORS.rate, null,
+                             {value: function (u, v) { return v == null ? "–" : (100 * v).toFixed(2) + "%"; }})],
+             [data.t, data.budget]);
+      }
+    });
+  }
+
   function draw() {
     charts.forEach(function (c) { c.chart.destroy(); });
     charts = [];
+    if (typeof uPlot === "undefined") { return; }
+    var slo = read("slo-data");
+    if (slo) { xRange = [slo.since, slo.until]; drawSlo(slo); return; }
     var data = read("overview-data");
-    if (!data || typeof uPlot === "undefined") { return; }
+    if (!data) { return; }
+    xRange = [data.since, data.until];
     document.querySelectorAll("[data-chart]").forEach(function (node) {
       var kind = node.getAttribute("data-chart");
       if (kind === "rate") {
@@ -93,6 +132,11 @@
     }, 150);
   });
   document.addEventListener("DOMContentLoaded", draw);
+  // Forms that ask first (deleting an SLO).
+  document.addEventListener("submit", function (event) {
+    var message = event.target.getAttribute && event.target.getAttribute("data-confirm");
+    if (message && !window.confirm(message)) { event.preventDefault(); }
+  });
   // Selects that apply at once (the project switcher): submit their form on change.
   document.addEventListener("change", function (event) {
     if (event.target.matches && event.target.matches("select[data-autosubmit]")) { event.target.form.submit(); }

@@ -1,0 +1,128 @@
+"""Alert pages: firing, pending and resolved alerts; one alert with its diagnosis (component change as
+baseline-vs-burning bars, contributors, the suggestion), its transitions and deliveries; silences created from it
+and expired (operators), validated by the API's own types."""
+from __future__ import annotations
+
+import logging
+
+from alerts.api import SilenceIn, _Muting, alert_json, create_silence, silence_json
+from alerts.models import Alert as AlertRow
+from alerts.models import Silence as SilenceRow
+from alerts.silences import matches_all
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseForbidden
+from django.shortcuts import redirect, render
+from django.urls import reverse
+from django.utils import timezone
+from django.views.decorators.http import require_http_methods
+from notify.models import Delivery
+from observatory.api import ApiError
+
+from .access import Viewer, page
+from .inputs import validate
+from .views import _base
+
+log = logging.getLogger(__name__)
+STATES = ("firing", "pending", "resolved")
+SILENCE_FIELDS = {"matchers", "comment", "duration", "ends_at", "starts_at"}
+COMPONENT_ORDER = ("network", "gateway", "overhead", "queue", "prefill", "decode")
+
+
+@page()
+def alert_list(request: HttpRequest, viewer: Viewer) -> HttpResponse:
+    state = request.GET.get("state") if request.GET.get("state") in STATES else None
+    rows = AlertRow.objects.filter(project_id=viewer.project_id).select_related("project", "slo")
+    if state:
+        rows = rows.filter(state=state)
+    muting = _Muting([viewer.project_id], timezone.now())
+    order = {"firing": 0, "pending": 1, "resolved": 2, "inactive": 3}
+    alerts = sorted((alert_json(a, muting) for a in rows.order_by("-updated_at", "-id")[:500]),
+                    key=lambda a: (order.get(a["state"], 9), -(timezone.datetime.fromisoformat(
+                        a["started_at"].replace("Z", "+00:00")).timestamp() if a["started_at"] else 0)))
+    now = timezone.now()
+    silences = [silence_json(s, now) for s in SilenceRow.objects.filter(project_id=viewer.project_id)
+                .select_related("project").order_by("-id")[:100]]
+    return render(request, "dashboards/alerts.html", _base(request, viewer, "alerts", alerts=alerts, state=state,
+                                                           states=STATES, silences=silences))
+
+
+def _bars(diagnosis: dict | None) -> list[dict]:
+    """The components' mean in the baseline and burning windows, as bar widths (percent of the largest)."""
+    components = (diagnosis or {}).get("components") or {}
+    items = []
+    for name in COMPONENT_ORDER:
+        entry = components.get(name)
+        if not entry:
+            continue
+        base = (entry.get("baseline") or {}).get("mean_ms")
+        burn = (entry.get("burning") or {}).get("mean_ms")
+        items.append({"name": name, "baseline": base, "burning": burn, "delta": entry.get("delta_mean_ms"),
+                      "relevant": entry.get("relevant", True)})
+    top = max([v for i in items for v in (i["baseline"], i["burning"]) if v is not None] or [1.0]) or 1.0
+    for item in items:
+        item["baseline_width"] = round(100.0 * max(item["baseline"] or 0.0, 0.0) / top, 2)
+        item["burning_width"] = round(100.0 * max(item["burning"] or 0.0, 0.0) / top, 2)
+    return items
+
+
+def _alert(viewer: Viewer, fingerprint: str) -> AlertRow:
+    alert = (AlertRow.objects.filter(fingerprint=fingerprint, project_id=viewer.project_id)
+             .select_related("project", "slo").first())
+    if alert is None:
+        raise Http404("no such alert in this project")
+    return alert
+
+
+@require_http_methods(["GET", "POST"])
+@page()
+def alert_detail(request: HttpRequest, viewer: Viewer, fingerprint: str) -> HttpResponse:
+    alert = _alert(viewer, fingerprint)
+    errors: dict[str, list[str]] = {}
+    labels = alert.labels or {}
+    default_matchers = "\n".join(f'{k}="{labels[k]}"' for k in ("alertname", "slo", "severity") if k in labels) \
+        or "\n".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+    values = {"matchers": default_matchers, "duration": "2h", "comment": ""}
+    status = 200
+    if request.method == "POST":
+        if not viewer.can("operator"):
+            return HttpResponseForbidden(f"silences need the operator role in project {viewer.project}")
+        values = {k: request.POST.get(k, "") for k in ("matchers", "duration", "comment")}
+        data = {"matchers": [line.strip() for line in values["matchers"].splitlines() if line.strip()],
+                "comment": values["comment"], "duration": values["duration"] or None}
+        parsed, errors = validate(SilenceIn, data, SILENCE_FIELDS)
+        if not errors:
+            try:
+                silence = create_silence(viewer.project_id, viewer.identity, parsed, timezone.now())
+            except ApiError as exc:
+                errors = {"": [exc.message]}
+            else:
+                log.info("silence %s created by %s in the dashboard", silence.id, viewer.identity.username)
+                return redirect(reverse("alert", args=[fingerprint]) + "#silences")
+        status = 400
+    data = alert_json(alert, _Muting([viewer.project_id], timezone.now()), with_transitions=True)
+    delivery_ids = [i for t in data["transitions"] for i in t["delivery_ids"]]
+    deliveries = list(Delivery.objects.filter(id__in=delivery_ids, channel__project_id=viewer.project_id)
+                      .select_related("channel").order_by("-created_at"))
+    now = timezone.now()
+    silences = [silence_json(s, now) for s in SilenceRow.objects.filter(project_id=viewer.project_id)
+                .select_related("project").order_by("-id")[:200]
+                if matches_all(s.parsed_matchers(), labels)]
+    context = _base(request, viewer, "alerts", alert=data, bars=_bars(data["diagnosis"]), deliveries=deliveries,
+                    silences=silences, values=values, errors=errors)
+    return render(request, "dashboards/alert.html", context, status=status)
+
+
+@require_http_methods(["POST"])
+@page()
+def silence_expire(request: HttpRequest, viewer: Viewer, silence_id: int) -> HttpResponse:
+    silence = SilenceRow.objects.filter(pk=silence_id, project_id=viewer.project_id).first()
+    if silence is None:
+        raise Http404("no such silence in this project")
+    if not viewer.can("operator"):
+        return HttpResponseForbidden(f"silences need the operator role in project {viewer.project}")
+    now = timezone.now()
+    if silence.ends_at > now:
+        SilenceRow.objects.filter(pk=silence.pk, ends_at__gt=now).update(
+            ends_at=now, expired_at=now, expired_by_name=viewer.identity.username)
+        log.info("silence %s expired by %s in the dashboard", silence.id, viewer.identity.username)
+    back = request.POST.get("next", "")
+    return redirect(back if back.startswith("/") and not back.startswith("//") else reverse("alerts"))
