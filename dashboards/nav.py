@@ -16,4 +16,6 @@ PAGES = (
     Entry("requests", "Requests", "requests"),
     Entry("slos", "SLOs", "slos"),
     Entry("alerts", "Alerts", "alerts"),
+    Entry("channels", "Channels", "channels"),
+    Entry("engine", "Engine", "engine"),
 )

@@ -125,7 +125,7 @@ class Cursor:
     trace_id: str
     request_key: str
 
-    _FORM = re.compile(r"^(-?[0-9]{1,20}(?:\.[0-9]{1,12})?)~([0-9a-f]{32})~([0-9A-Za-z]{1,64})$")
+    _FORM = re.compile(r"^(-?[0-9]{1,20}(?:\.[0-9]{1,20})?(?:e[-+]?[0-9]{1,3})?)~([0-9a-f]{32})~([0-9A-Za-z]{1,64})$")
 
     def encode(self) -> str:
         return f"{self.value!r}~{self.trace_id}~{self.request_key}" if isinstance(self.value, float) else \
@@ -137,7 +137,7 @@ class Cursor:
         if match is None:
             raise ValueError("not a page cursor of this explorer")
         raw = match.group(1)
-        return cls(float(raw) if "." in raw else int(raw), match.group(2), match.group(3))
+        return cls(float(raw) if ("." in raw or "e" in raw) else int(raw), match.group(2), match.group(3))
 
 
 EXPLORER_COLUMNS = ("start_time", "trace_id", "request_key", "service", "model", "engine_config", "replica_group",

@@ -2,7 +2,7 @@
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from . import alert_views, slo_views, views
+from . import alert_views, channel_views, engine_views, slo_views, views
 
 urlpatterns = [
     path("", views.overview, name="overview"),
@@ -16,6 +16,11 @@ urlpatterns = [
     path("alerts/", alert_views.alert_list, name="alerts"),
     path("alerts/<str:fingerprint>/", alert_views.alert_detail, name="alert"),
     path("silences/<int:silence_id>/expire", alert_views.silence_expire, name="silence-expire"),
+    path("channels/", channel_views.channel_list, name="channels"),
+    path("channels/new", channel_views.channel_create, name="channel-new"),
+    path("channels/<int:channel_id>/", channel_views.channel_detail, name="channel"),
+    path("engine/", engine_views.engine, name="engine"),
+    path("engine/metrics.json", engine_views.engine_metrics, name="engine-metrics"),
     path("accounts/login/", auth_views.LoginView.as_view(template_name="dashboards/login.html",
                                                          redirect_authenticated_user=True), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),

@@ -41,16 +41,17 @@ def overview(request: HttpRequest, viewer: Viewer) -> HttpResponse:
     label, since, until, step = _range(request.GET.get("range"))
     store = get_store()
     series = queries.overview_series(store, viewer.project_id, since, until, step)
-    breakdowns = {}
-    for dimension in queries.BREAKDOWNS:
-        groups = trace_queries.latency_summary(store, viewer.project_id, since=since, until=until,
-                                               group_by=[dimension], filters={})
+    breakdowns = {dimension: [] for dimension in queries.BREAKDOWNS}
+    for group in trace_queries.latency_summary(store, viewer.project_id, since=since, until=until,
+                                               group_by=list(queries.BREAKDOWNS), filters={}, separately=True):
+        [dimension] = group["key"]
+        breakdowns[dimension].append(group)
+    order = {bucket: i for i, bucket in enumerate(queries.PROMPT_BUCKETS)}
+    for dimension, groups in breakdowns.items():
         if dimension == "prompt_bucket":
-            order = {bucket: i for i, bucket in enumerate(queries.PROMPT_BUCKETS)}
             groups.sort(key=lambda g: order.get(g["key"]["prompt_bucket"], 99))
         else:
-            groups.sort(key=lambda g: -g["count"])
-        breakdowns[dimension] = groups
+            groups.sort(key=lambda g: (-g["count"], g["key"][dimension]))
     groups = [g["key"]["replica_group"] for g in breakdowns["replica_group"] if g["key"]["replica_group"]]
     comparison = None
     if len(groups) > 1:

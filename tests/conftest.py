@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import uuid
 from urllib.parse import urlparse, urlunparse
 
@@ -206,3 +207,37 @@ def chromium_executable() -> str:
             pytest.fail(message + "; OBSERVATORY_REQUIRE_BROWSER=1 says it must be here")
         pytest.skip(message)
     return executable
+
+
+@pytest.fixture(scope="session")
+def chdb_session_path(tmp_path_factory) -> str:
+    """The one chdb data directory of this pytest process.
+
+    chdb runs ONE embedded server per process, on one data directory: a second path
+    opened in the same process fails. Every in-process store test uses this path and
+    keeps apart from the others with its own database name (see `make_store`).
+    """
+    return str(tmp_path_factory.mktemp("chdb-session") / "chdb")
+
+
+@pytest.fixture
+def make_store(chdb_session_path, request):
+    """make_store(suffix='') -> a ClickHouseStore on the session chdb path with a database of its own."""
+    from traces.store import ClickHouseStore
+
+    stores = []
+
+    def factory(suffix: str = ""):
+        base = re.sub(r"[^A-Za-z0-9_]", "_", request.node.name)[:40]
+        database = f"t_{base}_{suffix}_{uuid.uuid4().hex[:8]}"
+        store = ClickHouseStore(url=None, chdb_path=chdb_session_path, database=database)
+        stores.append(store)
+        return store
+
+    yield factory
+    for store in stores:
+        try:
+            store.command(f"DROP DATABASE IF EXISTS `{store.database}` SYNC")
+        except Exception:  # best effort: the data directory is temporary anyway
+            pass
+        store.close()

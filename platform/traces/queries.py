@@ -90,21 +90,32 @@ def _uncovered_ranges(since: dt.datetime, until: dt.datetime, clean_hours: list[
 
 
 def latency_summary(store: ClickHouseStore, project_id: int, *, since: dt.datetime, until: dt.datetime,
-                    group_by: list[str], filters: dict[str, str], exact: bool = False) -> list[dict]:
+                    group_by: list[str], filters: dict[str, str], exact: bool = False,
+                    separately: bool = False) -> list[dict]:
     """Per group: count, errors, p50/p95/p99 of e2e/ttft/tpot and p50/p95 of each component.
 
     t-digest mode merges the hourly rollup states of clean whole hours with states computed
     from the raw rows of everything else; exact mode reads raw rows only, and so does a summary
     grouped or filtered by `gateway` (the rollups do not carry it: ch_migrations/0010).
+
+    `separately`: one breakdown per dimension of `group_by` instead of one over their combination,
+    in the same pass (GROUPING SETS); each group's key then holds its own dimension only.
     """
     for name in group_by:
         if name not in GROUP_DIMENSIONS:
             raise ValueError(f"cannot group by {name!r}")
+    if separately and exact:
+        raise ValueError("separate breakdowns are t-digest summaries")
     metrics = TAIL_METRICS + COMPONENT_METRICS
     levels = ", ".join(str(q) for q in LEVELS)
     dims = ", ".join(group_by)
     select_dims = dims + ", " if dims else ""
     group_clause = f" GROUP BY {dims} ORDER BY {dims}" if dims else ""
+    if separately and group_by:
+        # grouping(all dims) as a bitmask says which set a row belongs to (1 = the dimension is grouped on).
+        select_dims = dims + ", "
+        sets = ", ".join(f"({name})" for name in group_by)
+        group_clause = f" GROUP BY GROUPING SETS ({sets})"
     where, params = _filters(filters)
     params.update(since=since.replace(tzinfo=None), until=until.replace(tzinfo=None))
     raw_where = (
@@ -169,8 +180,31 @@ def latency_summary(store: ClickHouseStore, project_id: int, *, since: dt.dateti
             f"FROM {store.table('llm_requests')} FINAL {raw_where}"
             f"{' GROUP BY ' + dims if dims else ''}"
         )
-        sql = f"SELECT {select_dims}sum(n), sum(errs), {merged} FROM ({'UNION ALL '.join(parts)}){group_clause}{final}"
+        outer_dims = select_dims
+        if separately and group_by:
+            outer_dims = f"{dims}, grouping({dims}), "
+        sql = f"SELECT {outer_dims}sum(n), sum(errs), {merged} FROM ({'UNION ALL '.join(parts)}){group_clause}{final}"
     rows = store.query(sql, project_id=project_id, parameters=params)
+    if separately and group_by:
+        out = []
+        n = len(group_by)
+        for row in rows:
+            mask = row[n]
+            if row[n + 1] <= 0:
+                continue
+            # grouping(a, b, c) marks dimension i by bit (n-1-i): set for the one grouped on, or (the SQL standard's
+            # sense, force_grouping_standard_compatibility) for the aggregated ones; either way one bit stands out.
+            marked = [i for i in range(n) if mask & (1 << (n - 1 - i))]
+            unmarked = [i for i in range(n) if i not in marked]
+            if len(marked) == 1:
+                index = marked[0]
+            elif len(unmarked) == 1:
+                index = unmarked[0]
+            else:
+                continue
+            group = _summary_group([group_by[index]], [row[index], *row[n + 1:]])
+            out.append(group)
+        return out
     return [_summary_group(group_by, row) for row in rows if row[len(group_by)] > 0]
 
 

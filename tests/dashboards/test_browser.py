@@ -4,9 +4,11 @@ platform running the simulated engine with background load (two replica groups),
 Screenshots of every page go to $OBSERVATORY_SCREENSHOTS (default: the test's temporary directory)."""
 from __future__ import annotations
 
+import http.server
 import json
 import os
 import re
+import threading
 import time
 import urllib.parse
 import uuid
@@ -29,25 +31,56 @@ def _password(output: str) -> str:
     return match.group(1)
 
 
+class Receiver:
+    """A webhook destination: records what it is sent."""
+
+    def __init__(self):
+        received = self.received = []
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                received.append({"headers": {k.lower(): v for k, v in self.headers.items()}, "body": body})
+                self.send_response(204)
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
 @pytest.fixture(scope="module")
-def dash(tmp_path_factory, chromium_executable):
+def receiver():
+    r = Receiver()
+    yield r
+    r.server.shutdown()
+
+
+@pytest.fixture(scope="module")
+def dash(tmp_path_factory, chromium_executable, receiver):
     gateway, control, replicas = free_port(), free_port(), free_port_pair()
     process = PlatformProcess(
         data_dir=str(tmp_path_factory.mktemp("dash") / "data"), args=("--with-engine", "--load", "4"),
         extra_env={"ENGINE_GATEWAY_BIND": f"127.0.0.1:{gateway}", "ENGINE_CONTROL_BIND": f"127.0.0.1:{control}",
                    "ENGINE_REPLICA_BASE_PORT": str(replicas),
                    # SLOs evaluated every 2 s and a page firing 1 s after it became pending: an alert within seconds.
-                   "SLO_EVALUATE_INTERVAL_SECONDS": "2", "ALERTS_PAGE_FOR_SECONDS": "1"},
+                   "SLO_EVALUATE_INTERVAL_SECONDS": "2", "ALERTS_PAGE_FOR_SECONDS": "1",
+                   "NOTIFY_ALLOW_PRIVATE_DESTINATIONS": f"127.0.0.1:{receiver.port}"},
     )
     try:
         process.manage("migrate", "-v0")
         keys = {name: process.manage("create_ingest_key", "--project", name) for name in ("default", "other")}
-        token = process.manage("create_api_token", "--user", "ops", "--role", "admin", "--project", "default")
+        token = process.manage("create_api_token", "--user", "api", "--role", "admin", "--project", "default")
         passwords = {
             "ops": _password(process.manage("dashboard_login", "--user", "ops", "--project", "default",
                                             "--role", "operator")),
             "viewer": _password(process.manage("dashboard_login", "--user", "viewer", "--project", "default",
                                                "--role", "viewer")),
+            "admin": _password(process.manage("dashboard_login", "--user", "admin", "--project", "default",
+                                              "--role", "admin")),
             "outsider": _password(process.manage("dashboard_login", "--user", "outsider", "--project", "other",
                                                  "--role", "viewer")),
         }
@@ -468,3 +501,60 @@ def test_a_viewer_sees_no_edit_controls_and_gets_403_when_posting(browser, dash,
     assert ops.context.request.post(dash["url"] + f"/slos/{burning}/delete").status == 403
     assert _api(dash, f"/api/v1/slos/{burning}?project=default")["name"] == burning
     viewer.close()
+
+
+# -- channels and the engine ---------------------------------------------------------------------------------------
+@pytest.fixture
+def admin(browser, dash):
+    session = Session(browser, dash["url"])
+    session.login("admin", dash["passwords"]["admin"])
+    yield session
+    assert session.errors == [], session.errors
+    session.close()
+
+
+def test_channels_create_with_the_secret_shown_once_and_a_test_send(admin, ops, dash, receiver, shots):
+    ops.goto("/channels/")
+    assert ops.page.locator("form.channel-form").count() == 0  # operators read channels, admins manage them
+    admin.goto("/channels/")
+    admin.page.fill("#f-name", "oncall")
+    admin.page.fill("#f-url", "ftp://example.com/x")
+    _submit(admin, "form.channel-form button[type=submit]")
+    assert admin.page.locator(".channel-form .field.invalid").count() >= 1
+    admin.errors.clear()
+    admin.page.fill("#f-url", f"http://127.0.0.1:{receiver.port}/hook")
+    admin.page.check("input[name=severities][value=page]")
+    _submit(admin, "form.channel-form button[type=submit]")
+    secret = admin.page.locator("[data-testid=secret]").inner_text()
+    assert secret.startswith("whsec_"), secret
+    admin.page.screenshot(path=str(shots / "channels.png"), full_page=True)
+    assert all("status of 201" in e or "status of 400" in e for e in admin.errors) or admin.errors == []
+    admin.errors.clear()
+    admin.goto("/channels/")
+    assert secret not in admin.page.content()  # shown once
+    with admin.page.expect_navigation():
+        admin.page.locator("tr[data-channel=oncall] a").click()
+    _submit(admin, "form.test-form button[type=submit]")
+    assert "succeeded (HTTP 204)" in admin.page.locator("[data-testid=test-result]").inner_text()
+    assert receiver.received and "webhook-signature" in receiver.received[-1]["headers"]
+    assert admin.page.locator("table.deliveries tbody tr").count() >= 1
+    admin.page.screenshot(path=str(shots / "channel.png"), full_page=True)
+
+
+def test_engine_page_shows_groups_replicas_the_knob_diff_and_live_metrics(admin, shots):
+    admin.goto("/engine/")
+    assert sorted(admin.page.locator("table.groups tbody th").all_inner_texts()) == ["baseline", "canary"]
+    states = admin.page.locator("table.replicas tbody td:nth-child(3)").all_inner_texts()
+    assert states and set(states) == {"healthy"}
+    assert admin.page.locator("table.knobs tbody tr").count() >= 1  # the canary runs another config
+    admin.page.wait_for_function(
+        "document.querySelectorAll('[data-live][data-drawn]').length === 3 && "
+        "+document.querySelector('[data-live=kv_cache]').getAttribute('data-drawn') >= 2", timeout=20_000)
+    assert admin.page.locator("[data-live] canvas").count() == 3
+    admin.page.screenshot(path=str(shots / "engine.png"), full_page=True)
+
+
+def test_the_engine_knobs_are_for_admins(ops):
+    ops.goto("/engine/")
+    assert ops.page.locator("table.groups tbody tr").count() == 2
+    assert ops.page.locator("table.knobs").count() == 0

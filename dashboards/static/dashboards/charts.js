@@ -132,6 +132,60 @@
     }, 150);
   });
   document.addEventListener("DOMContentLoaded", draw);
+
+  // The engine page's live charts: the replicas' figures polled every few seconds, the last 100 samples kept.
+  function live() {
+    var source = document.getElementById("engine-live");
+    if (!source || typeof uPlot === "undefined") { return; }
+    var url = source.getAttribute("data-source"), every = +source.getAttribute("data-interval") || 3000;
+    var times = [], samples = {}, liveCharts = {};
+    function redraw() {
+      var names = Object.keys(samples).sort();
+      document.querySelectorAll("[data-live]").forEach(function (node) {
+        var kind = node.getAttribute("data-live"), series = [{}], columns = [times.slice()];
+        names.forEach(function (name, i) {
+          var color = GROUP_COLORS[i % GROUP_COLORS.length];
+          if (kind === "requests") {
+            series.push(line(name + " running", color));
+            columns.push(samples[name].map(function (s) { return s.running; }));
+            series.push(line(name + " waiting", color, null, {dash: [5, 3]}));
+            columns.push(samples[name].map(function (s) { return s.waiting; }));
+          } else {
+            var scale = kind === "kv_cache" || kind === "acceptance" ? 100 : 1;
+            series.push(line(name, color));
+            columns.push(samples[name].map(function (s) { return s[kind] == null ? null : s[kind] * scale; }));
+          }
+        });
+        if (liveCharts[kind] && liveCharts[kind].series.length === series.length) {
+          liveCharts[kind].setData(columns);
+        } else {
+          if (liveCharts[kind]) { liveCharts[kind].destroy(); }
+          node.innerHTML = "";
+          liveCharts[kind] = new uPlot({width: Math.max(node.clientWidth, 300), height: 180, series: series,
+                                        scales: {x: {time: true}}, axes: [{}, {size: 50}]}, columns, node);
+        }
+        node.setAttribute("data-drawn", String(times.length));
+      });
+    }
+    function poll() {
+      fetch(url, {credentials: "same-origin", headers: {"Accept": "application/json"}})
+        .then(function (r) { return r.ok ? r.json() : null; })
+        .then(function (data) {
+          if (!data) { return; }
+          times.push(data.t);
+          Object.keys(data.replicas).forEach(function (name) {
+            if (!samples[name]) { samples[name] = times.slice(0, -1).map(function () { return {}; }); }
+          });
+          Object.keys(samples).forEach(function (name) { samples[name].push(data.replicas[name] || {}); });
+          if (times.length > 100) { times.shift(); Object.keys(samples).forEach(function (n) { samples[n].shift(); }); }
+          redraw();
+        })
+        .catch(function () {})
+        .then(function () { setTimeout(poll, every); });
+    }
+    poll();
+  }
+  document.addEventListener("DOMContentLoaded", live);
   // Forms that ask first (deleting an SLO).
   document.addEventListener("submit", function (event) {
     var message = event.target.getAttribute && event.target.getAttribute("data-confirm");
