@@ -142,6 +142,7 @@ test: $(INSTALLED)
 bench: $(INSTALLED)
 	$(VENV_PYTHON) -m observatory.bench.ingest
 	$(VENV_PYTHON) -m observatory.bench.summary
+	$(VENV_PYTHON) -m observatory.bench.dashboard
 	$(VENV_PYTHON) -m observatory.bench.overload
 	$(VENV_PYTHON) -m observatory.bench.api
 	$(VENV_PYTHON) -m engine.bench.sim

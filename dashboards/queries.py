@@ -43,9 +43,11 @@ def overview_series(store: ClickHouseStore, project_id: int, since: dt.datetime,
                     step: int) -> dict[str, list]:
     """Per time bucket: request and error rates, p50/p95/p99 of e2e/TTFT/TPOT, the mean and p95 of each
     component. Columns of equal length (None where a bucket has no value), `t` in epoch seconds."""
-    tails = ", ".join(f"quantilesTDigest(0.5, 0.95, 0.99)({m})" for m in TAILS)
+    # bfloat16 quantiles: ~0.4% relative precision, a third cheaper than t-digests over the raw rows of a range
+    # (the charts' resolution is far coarser); the tables' percentiles stay t-digests from the rollups.
+    tails = ", ".join(f"quantilesBFloat16(0.5, 0.95, 0.99)({m})" for m in TAILS)
     means = ", ".join(f"avg({m})" for m in COMPONENTS)
-    p95s = ", ".join(f"quantileTDigest(0.95)({m})" for m in COMPONENTS)
+    p95s = ", ".join(f"quantileBFloat16(0.95)({m})" for m in COMPONENTS)
     rows = store.query(
         f"SELECT toUnixTimestamp(toStartOfInterval(start_time, INTERVAL {{step:UInt32}} SECOND)) AS t, count(), "
         f"countIf(status = 'error'), {tails}, {means}, {p95s} FROM {store.table('llm_requests')} FINAL "
@@ -98,7 +100,7 @@ def group_series(store: ClickHouseStore, project_id: int, since: dt.datetime, un
     """p95 of e2e and TTFT per time bucket for each replica group (baseline and canary side by side)."""
     rows = store.query(
         f"SELECT toUnixTimestamp(toStartOfInterval(start_time, INTERVAL {{step:UInt32}} SECOND)) AS t, "
-        "replica_group, count(), quantileTDigest(0.95)(e2e_ms), quantileTDigest(0.95)(ttft_ms) "
+        "replica_group, count(), quantileBFloat16(0.95)(e2e_ms), quantileBFloat16(0.95)(ttft_ms) "
         f"FROM {store.table('llm_requests')} FINAL WHERE project_id = {{project_id:UInt32}} "
         "AND start_time >= {since:DateTime64(6)} AND start_time < {until:DateTime64(6)} "
         "AND replica_group IN {groups:Array(String)} GROUP BY t, replica_group ORDER BY t "

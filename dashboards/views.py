@@ -43,7 +43,8 @@ def overview(request: HttpRequest, viewer: Viewer) -> HttpResponse:
     series = queries.overview_series(store, viewer.project_id, since, until, step)
     breakdowns = {dimension: [] for dimension in queries.BREAKDOWNS}
     for group in trace_queries.latency_summary(store, viewer.project_id, since=since, until=until,
-                                               group_by=list(queries.BREAKDOWNS), filters={}, separately=True):
+                                               group_by=list(queries.BREAKDOWNS), filters={}, separately=True,
+                                               metrics=trace_queries.TAIL_METRICS):
         [dimension] = group["key"]
         breakdowns[dimension].append(group)
     order = {bucket: i for i, bucket in enumerate(queries.PROMPT_BUCKETS)}
