@@ -7,6 +7,8 @@ import math
 import re
 from typing import Any
 
+from traces import queries as trace_queries
+from traces import rollups
 from traces.store import ClickHouseStore, string_set
 
 # Time ranges of the pages: (label, seconds, bucket seconds of the charts, ~60-120 points each).
@@ -39,23 +41,46 @@ def _window(since: dt.datetime, until: dt.datetime) -> dict:
     return {"since": since.replace(tzinfo=None), "until": until.replace(tzinfo=None)}
 
 
-def overview_series(store: ClickHouseStore, project_id: int, since: dt.datetime, until: dt.datetime,
-                    step: int) -> dict[str, list]:
-    """Per time bucket: request and error rates, p50/p95/p99 of e2e/TTFT/TPOT, the mean and p95 of each
-    component. Columns of equal length (None where a bucket has no value), `t` in epoch seconds."""
-    # bfloat16 quantiles: ~0.4% relative precision, a third cheaper than t-digests over the raw rows of a range
-    # (the charts' resolution is far coarser); the tables' percentiles stay t-digests from the rollups.
-    tails = ", ".join(f"quantilesBFloat16(0.5, 0.95, 0.99)({m})" for m in TAILS)
-    means = ", ".join(f"avg({m})" for m in COMPONENTS)
-    p95s = ", ".join(f"quantileBFloat16(0.95)({m})" for m in COMPONENTS)
-    rows = store.query(
-        f"SELECT toUnixTimestamp(toStartOfInterval(start_time, INTERVAL {{step:UInt32}} SECOND)) AS t, count(), "
-        f"countIf(status = 'error'), {tails}, {means}, {p95s} FROM {store.table('llm_requests')} FINAL "
-        "WHERE project_id = {project_id:UInt32} AND start_time >= {since:DateTime64(6)} "
-        "AND start_time < {until:DateTime64(6)} GROUP BY t ORDER BY t "
-        "SETTINGS do_not_merge_across_partitions_select_final = 1",
-        project_id=project_id, parameters={"step": step, **_window(since, until)},
+def _hour_aligned(step: int) -> bool:
+    return step % 3600 == 0
+
+
+def _rollup_union(store: ClickHouseStore, project_id: int, since: dt.datetime, until: dt.datetime, step: int,
+                  rollup_cols: str, raw_cols: str, extra_dims: str = "", where: str = "",
+                  params: dict | None = None) -> tuple[str, dict]:
+    """A subquery of per-bucket states: the hourly rollups of the clean hours in the range, and the raw rows of
+    the rest (range edges, the current hour, hours touched since their rollup was built). `step` is a whole
+    number of hours, so an hour lies in one bucket."""
+    params = dict(params or {})
+    first_hour = since.replace(minute=0, second=0, microsecond=0)
+    if first_hour < since:
+        first_hour += dt.timedelta(hours=1)
+    last_hour = until.replace(minute=0, second=0, microsecond=0)
+    hours = rollups.clean_hours(store, project_id, first_hour, last_hour)
+    ranges = trace_queries._uncovered_ranges(since, until, sorted(h for h, _ in hours))
+    params["clean"] = hours
+    raw = []
+    for i, (start, end) in enumerate(ranges):
+        params[f"r{i}_start"], params[f"r{i}_end"] = start.replace(tzinfo=None), end.replace(tzinfo=None)
+        raw.append(f"(start_time >= {{r{i}_start:DateTime64(6)}} AND start_time < {{r{i}_end:DateTime64(6)}})")
+    dims = f", {extra_dims}" if extra_dims else ""
+    sql = (
+        f"SELECT toUnixTimestamp(toStartOfInterval(hour, INTERVAL {{step:UInt32}} SECOND)) AS b{dims}, "
+        f"requests AS n, errors AS errs, {rollup_cols} FROM {store.table('request_rollup_hourly')} "
+        "WHERE project_id = {project_id:UInt32} AND (toUnixTimestamp(hour), version) IN "
+        f"{{clean:Array(Tuple(UInt32, UInt64))}}{where} "
+        "UNION ALL "
+        f"SELECT toUnixTimestamp(toStartOfInterval(start_time, INTERVAL {{step:UInt32}} SECOND)) AS b{dims}, "
+        f"count() AS n, countIf(status = 'error') AS errs, {raw_cols} FROM {store.table('llm_requests')} FINAL "
+        f"WHERE project_id = {{project_id:UInt32}} AND ({' OR '.join(raw) if raw else '0'}){where} "
+        f"GROUP BY b{dims}"
     )
+    params["step"] = step
+    return sql, params
+
+
+def _fill(rows, since: dt.datetime, until: dt.datetime, step: int) -> dict[str, Any]:
+    """Columns of equal length from rows of (t, count, errors, 3 tail arrays, 6 means, 6 p95s)."""
     by_t = {int(row[0]): row for row in rows}
     start = int(since.timestamp()) // step * step
     out: dict[str, Any] = {"t": [], "rate": [], "errors": [], "since": int(since.timestamp()),
@@ -70,7 +95,7 @@ def overview_series(store: ClickHouseStore, project_id: int, since: dt.datetime,
     while t < until.timestamp():
         out["t"].append(t)
         row = by_t.get(t)
-        if row is None:
+        if row is None or not row[1]:
             out["rate"].append(0.0)
             out["errors"].append(0.0)
             for key in out:
@@ -95,18 +120,71 @@ def overview_series(store: ClickHouseStore, project_id: int, since: dt.datetime,
     return out
 
 
+def overview_series(store: ClickHouseStore, project_id: int, since: dt.datetime, until: dt.datetime,
+                    step: int) -> dict[str, list]:
+    """Per time bucket: request and error rates, p50/p95/p99 of e2e/TTFT/TPOT, the mean and p95 of each
+    component. Columns of equal length (None where a bucket has no value), `t` in epoch seconds.
+
+    Buckets of whole hours (7 and 30 days) merge the hourly rollups' states of the clean hours with states of the
+    raw rows of the rest (t-digests and avg states, as the summaries do); shorter ones read the raw rows
+    (bfloat16 quantiles: ~0.4% relative precision, a third cheaper than t-digests; the charts are coarser)."""
+    window = _window(since, until)
+    if _hour_aligned(step):
+        levels = "0.5, 0.95, 0.99"
+        rollup_cols = ", ".join([f"{m} AS s_{m}" for m in TAILS + COMPONENTS]
+                                + [f"mean_{m} AS a_{m}" for m in COMPONENTS])
+        raw_cols = ", ".join([f"quantilesTDigestState({levels})({m}) AS s_{m}" for m in TAILS + COMPONENTS]
+                             + [f"avgState({m}) AS a_{m}" for m in COMPONENTS])
+        union, params = _rollup_union(store, project_id, since, until, step, rollup_cols, raw_cols)
+        tails = ", ".join(f"quantilesTDigestMerge({levels})(s_{m})" for m in TAILS)
+        means = ", ".join(f"avgMerge(a_{m})" for m in COMPONENTS)
+        p95s = ", ".join(f"quantilesTDigestMerge({levels})(s_{m})[2]" for m in COMPONENTS)
+        rows = store.query(
+            f"SELECT b, sum(n), sum(errs), {tails}, {means}, {p95s} FROM ({union}) GROUP BY b ORDER BY b "
+            "SETTINGS do_not_merge_across_partitions_select_final = 1",
+            project_id=project_id, parameters=params,
+        )
+        return _fill(rows, since, until, step)
+    tails = ", ".join(f"quantilesBFloat16(0.5, 0.95, 0.99)({m})" for m in TAILS)
+    means = ", ".join(f"avg({m})" for m in COMPONENTS)
+    p95s = ", ".join(f"quantileBFloat16(0.95)({m})" for m in COMPONENTS)
+    rows = store.query(
+        f"SELECT toUnixTimestamp(toStartOfInterval(start_time, INTERVAL {{step:UInt32}} SECOND)) AS t, count(), "
+        f"countIf(status = 'error'), {tails}, {means}, {p95s} FROM {store.table('llm_requests')} FINAL "
+        "WHERE project_id = {project_id:UInt32} AND start_time >= {since:DateTime64(6)} "
+        "AND start_time < {until:DateTime64(6)} GROUP BY t ORDER BY t "
+        "SETTINGS do_not_merge_across_partitions_select_final = 1",
+        project_id=project_id, parameters={"step": step, **window},
+    )
+    return _fill(rows, since, until, step)
+
+
 def group_series(store: ClickHouseStore, project_id: int, since: dt.datetime, until: dt.datetime, step: int,
                  groups: list[str]) -> dict[str, Any]:
     """p95 of e2e and TTFT per time bucket for each replica group (baseline and canary side by side)."""
-    rows = store.query(
-        f"SELECT toUnixTimestamp(toStartOfInterval(start_time, INTERVAL {{step:UInt32}} SECOND)) AS t, "
-        "replica_group, count(), quantileBFloat16(0.95)(e2e_ms), quantileBFloat16(0.95)(ttft_ms) "
-        f"FROM {store.table('llm_requests')} FINAL WHERE project_id = {{project_id:UInt32}} "
-        "AND start_time >= {since:DateTime64(6)} AND start_time < {until:DateTime64(6)} "
-        "AND replica_group IN {groups:Array(String)} GROUP BY t, replica_group ORDER BY t "
-        "SETTINGS do_not_merge_across_partitions_select_final = 1",
-        project_id=project_id, parameters={"step": step, "groups": groups, **_window(since, until)},
-    )
+    if _hour_aligned(step):
+        levels = "0.5, 0.95, 0.99"
+        union, params = _rollup_union(
+            store, project_id, since, until, step, "e2e_ms AS s_e2e, ttft_ms AS s_ttft",
+            f"quantilesTDigestState({levels})(e2e_ms) AS s_e2e, quantilesTDigestState({levels})(ttft_ms) AS s_ttft",
+            extra_dims="replica_group", where=" AND replica_group IN {groups:Array(String)}",
+            params={"groups": groups})
+        rows = store.query(
+            f"SELECT b, replica_group, sum(n), quantilesTDigestMerge({levels})(s_e2e)[2], "
+            f"quantilesTDigestMerge({levels})(s_ttft)[2] FROM ({union}) GROUP BY b, replica_group ORDER BY b "
+            "SETTINGS do_not_merge_across_partitions_select_final = 1",
+            project_id=project_id, parameters=params,
+        )
+    else:
+        rows = store.query(
+            f"SELECT toUnixTimestamp(toStartOfInterval(start_time, INTERVAL {{step:UInt32}} SECOND)) AS t, "
+            "replica_group, count(), quantileBFloat16(0.95)(e2e_ms), quantileBFloat16(0.95)(ttft_ms) "
+            f"FROM {store.table('llm_requests')} FINAL WHERE project_id = {{project_id:UInt32}} "
+            "AND start_time >= {since:DateTime64(6)} AND start_time < {until:DateTime64(6)} "
+            "AND replica_group IN {groups:Array(String)} GROUP BY t, replica_group ORDER BY t "
+            "SETTINGS do_not_merge_across_partitions_select_final = 1",
+            project_id=project_id, parameters={"step": step, "groups": groups, **_window(since, until)},
+        )
     cells = {(int(t), g): (n, _num(e2e), _num(ttft)) for t, g, n, e2e, ttft in rows}
     start = int(since.timestamp()) // step * step
     times = list(range(start, int(until.timestamp()), step)) or [start]

@@ -16,7 +16,11 @@ from .store import ClickHouseStore, StoreUnavailable
 
 log = logging.getLogger(__name__)
 
-ROLLUP_METRICS = ("e2e_ms", "ttft_ms", "tpot_ms", "network_ms", "overhead_ms", "queue_ms", "prefill_ms", "decode_ms")
+ROLLUP_METRICS = ("e2e_ms", "ttft_ms", "tpot_ms", "network_ms", "overhead_ms", "queue_ms", "prefill_ms", "decode_ms",
+                  "gateway_ms")
+# Means of the components (avg states, column mean_<metric>): the decomposition over time (ch_migrations/0011).
+MEAN_METRICS = ("network_ms", "gateway_ms", "overhead_ms", "queue_ms", "prefill_ms", "decode_ms")
+MEAN_COLUMNS = tuple(f"mean_{m}" for m in MEAN_METRICS)
 QUANTILES = "quantilesTDigest(0.5, 0.95, 0.99)"
 DIMENSIONS = ("service", "model", "engine_config", "prompt_bucket", "replica_group")
 
@@ -47,11 +51,13 @@ def dirty_hours(store: ClickHouseStore, project_id: int, settled_before: dt.date
 def build_hour(store: ClickHouseStore, project_id: int, hour: dt.datetime, source_version: int) -> None:
     version = time.time_ns()
     states = ", ".join(f"{QUANTILES.replace('quantilesTDigest', 'quantilesTDigestState')}({m})" for m in ROLLUP_METRICS)
+    means = ", ".join(f"avgState({m})" for m in MEAN_METRICS)
     dims = ", ".join(DIMENSIONS)
     store.tenant_command(
         f"INSERT INTO {store.table('request_rollup_hourly')} "
-        f"(project_id, hour, {dims}, requests, errors, {', '.join(ROLLUP_METRICS)}, version, retention_days) "
-        f"SELECT project_id, toStartOfHour(start_time), {dims}, count(), countIf(status = 'error'), {states}, "
+        f"(project_id, hour, {dims}, requests, errors, {', '.join(ROLLUP_METRICS)}, {', '.join(MEAN_COLUMNS)}, "
+        "version, retention_days) "
+        f"SELECT project_id, toStartOfHour(start_time), {dims}, count(), countIf(status = 'error'), {states}, {means}, "
         "{version:UInt64}, max(retention_days) "
         f"FROM {store.table('llm_requests')} FINAL "
         "WHERE project_id = {project_id:UInt32} AND start_time >= {hour:DateTime64(6)} "
@@ -106,10 +112,12 @@ def build_day(store: ClickHouseStore, project_id: int, day: dt.datetime, source_
     version = time.time_ns()
     dims = ", ".join(DIMENSIONS)
     merged = ", ".join(f"{QUANTILES.replace('quantilesTDigest', 'quantilesTDigestMergeState')}({m})" for m in ROLLUP_METRICS)
+    means = ", ".join(f"avgMergeState({c})" for c in MEAN_COLUMNS)
     store.tenant_command(
         f"INSERT INTO {store.table('request_rollup_daily')} "
-        f"(project_id, day, {dims}, requests, errors, {', '.join(ROLLUP_METRICS)}, version, retention_days) "
-        f"SELECT project_id, toStartOfDay(hour), {dims}, sum(requests), sum(errors), {merged}, "
+        f"(project_id, day, {dims}, requests, errors, {', '.join(ROLLUP_METRICS)}, {', '.join(MEAN_COLUMNS)}, "
+        "version, retention_days) "
+        f"SELECT project_id, toStartOfDay(hour), {dims}, sum(requests), sum(errors), {merged}, {means}, "
         "{version:UInt64}, max(retention_days) "
         f"FROM {store.table('request_rollup_hourly')} "
         "WHERE project_id = {project_id:UInt32} AND hour >= {day:DateTime} AND hour < {day:DateTime} + INTERVAL 1 DAY "

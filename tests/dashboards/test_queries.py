@@ -74,3 +74,29 @@ def test_keyset_pages_cover_every_row_once_in_order(seeded, sort, descending):
 def test_a_cursor_that_is_not_ours_is_refused(text):
     with pytest.raises(ValueError):
         dq.Cursor.decode(text)
+
+
+def test_hour_aligned_charts_from_the_rollups_equal_the_rows(seeded):
+    """7/30-day charts merge the clean hours' rollup states with the raw rows of the rest: the counts and means
+    equal those of the rows, the percentiles within t-digest error."""
+    store, end = seeded
+    since, until = end - dt.timedelta(hours=26, minutes=30), end + dt.timedelta(minutes=20)
+    step = 7200
+    series = dq.overview_series(store, PROJECT, since, until, step)
+    rows = store.query(
+        "SELECT toUnixTimestamp(toStartOfInterval(start_time, INTERVAL 7200 SECOND)) AS b, count(), avg(decode_ms), "
+        "avg(queue_ms), quantileExact(0.95)(e2e_ms) "
+        f"FROM {store.table('llm_requests')} FINAL WHERE project_id = {{project_id:UInt32}} "
+        "AND start_time >= {since:DateTime64(6)} AND start_time < {until:DateTime64(6)} GROUP BY b",
+        project_id=PROJECT, parameters={"since": since.replace(tzinfo=None), "until": until.replace(tzinfo=None)})
+    expected = {int(b): (n, decode, queue, p95) for b, n, decode, queue, p95 in rows}
+    assert len(expected) >= 12
+    for i, t in enumerate(series["t"]):
+        n, decode, queue, p95 = expected.get(t, (0, None, None, None))
+        assert round(series["rate"][i] * step) == n, t
+        if n:
+            assert series["decode_ms_mean"][i] == pytest.approx(decode, rel=1e-9)
+            assert series["queue_ms_mean"][i] == pytest.approx(queue, rel=1e-9)
+            assert series["e2e_ms_p95"][i] == pytest.approx(p95, rel=0.05)
+    groups = dq.group_series(store, PROJECT, since, until, step, ["baseline", "canary"])
+    assert len(groups["e2e_p95"]) == 2 and any(v is not None for v in groups["e2e_p95"][1])

@@ -1,0 +1,56 @@
+"""The rollups carry the components' means (avg states) and the gateways' processing: long-range charts from them.
+
+Why: the dashboard's overview charts the decomposition over time as the mean of each component and as their
+p95. Over 7 or 30 days its buckets are whole hours, which the hourly rollups could answer — but they held only
+t-digest states (percentiles), no means, and no `gateway_ms`. With them, a 7-day overview over 10 million rows
+reads ~1,000 states per hour instead of the raw rows (observatory.bench.dashboard).
+
+New columns on both rollups (no sorting-key change, so re-runnable): `mean_<component>` as
+AggregateFunction(avg, Nullable(Float64)) for network, gateway, overhead, queue, prefill and decode, and a
+`gateway_ms` t-digest state like the other metrics'. The build records are emptied, so every touched hour and
+day is rolled up again with them (rollups are derived data; until rebuilt, an hour counts as not clean and
+summaries read its rows, as for any dirty hour).
+
+backwards drops the columns and empties the build records again.
+"""
+from traces.ch_schema import RenderContext
+
+blocking = False
+
+MEANS = ("network_ms", "gateway_ms", "overhead_ms", "queue_ms", "prefill_ms", "decode_ms")
+_QUANTILE_STATE = "AggregateFunction(quantilesTDigest(0.5, 0.95, 0.99), Nullable(Float64))"
+_ROLLUPS = ("request_rollup_hourly", "request_rollup_daily")
+_BUILDS = ("request_rollup_builds", "request_rollup_daily_builds")
+
+
+def _changes() -> list[str]:
+    changes = [f"ADD COLUMN IF NOT EXISTS `gateway_ms` {_QUANTILE_STATE} AFTER `decode_ms`"]
+    after = "gateway_ms"
+    for metric in MEANS:
+        changes.append(f"ADD COLUMN IF NOT EXISTS `mean_{metric}` AggregateFunction(avg, Nullable(Float64)) "
+                       f"AFTER `{after}`")
+        after = f"mean_{metric}"
+    return changes
+
+
+def _truncate(ctx: RenderContext) -> list[str]:
+    return [f"TRUNCATE TABLE IF EXISTS {ctx.qualified(name + '_local' if ctx.cluster else name)}{ctx.on_cluster}"
+            for name in _BUILDS]
+
+
+def forwards(ctx: RenderContext) -> list[str]:
+    statements = []
+    for table in _ROLLUPS:
+        names = [table + "_local", table] if ctx.cluster else [table]
+        for name in names:
+            statements.append(f"ALTER TABLE {ctx.qualified(name)}{ctx.on_cluster} " + ", ".join(_changes()))
+    return statements + _truncate(ctx)
+
+
+def backwards(ctx: RenderContext) -> list[str]:
+    drops = ", ".join(f"DROP COLUMN IF EXISTS `{c}`" for c in ("gateway_ms", *(f"mean_{m}" for m in MEANS)))
+    statements = []
+    for table in _ROLLUPS:
+        names = [table + "_local", table] if ctx.cluster else [table]
+        statements += [f"ALTER TABLE {ctx.qualified(name)}{ctx.on_cluster} {drops}" for name in names]
+    return statements + _truncate(ctx)
