@@ -558,3 +558,56 @@ def test_the_engine_knobs_are_for_admins(ops):
     ops.goto("/engine/")
     assert ops.page.locator("table.groups tbody tr").count() == 2
     assert ops.page.locator("table.knobs").count() == 0
+
+
+def _span_request(service: str, scope_name: str, spans: list[tuple]) -> bytes:
+    request = ExportTraceServiceRequest()
+    rs = request.resource_spans.add()
+    add_attribute(rs.resource.attributes, "service.name", service)
+    scope = rs.scope_spans.add()
+    scope.scope.name = scope_name
+    for trace_id, span_id, parent, name, kind, start, end, attributes in spans:
+        span = scope.spans.add()
+        span.trace_id, span.span_id = bytes.fromhex(trace_id), bytes.fromhex(span_id)
+        if parent:
+            span.parent_span_id = bytes.fromhex(parent)
+        span.name, span.kind, span.start_time_unix_nano, span.end_time_unix_nano = name, kind, start, end
+        for key, value in attributes:
+            add_attribute(span.attributes, key, value)
+    return request.SerializeToString()
+
+
+def test_a_request_joined_across_traces_is_one_waterfall_from_either_trace(ops, dash, shots):
+    """The app's client span in one trace, the gateway's and the engine's in another (no traceparent between
+    them): one row, found from either trace, its hops marked with the trace they came from."""
+    app, serving = uuid.uuid4().hex, uuid.uuid4().hex
+    client, gateway, engine = (uuid.uuid4().hex[:16] for _ in range(3))
+    rid, base = f"chatcmpl-{uuid.uuid4().hex}", time.time_ns() - 30 * 1_000_000_000
+    bodies = [
+        _span_request("chat-app", "opentelemetry.instrumentation.openai_v2", [(
+            app, client, "", "chat llama", 3, base, base + 800 * MS,
+            [("gen_ai.operation.name", "chat"), ("gen_ai.request.model", "llama"), ("gen_ai.response.id", rid)])]),
+        _span_request("llm-gateway", "llm_observatory.gateway", [(
+            serving, gateway, "", "chat llama", 2, base + 30 * MS, base + 770 * MS,
+            [("gen_ai.operation.name", "chat"), ("gen_ai.request.model", "llama"), ("gen_ai.response.id", rid)])]),
+        _span_request("vllm", "vllm.tracing.otel", [(
+            serving, engine, gateway, "llm_request", 2, base + 35 * MS, base + 760 * MS,
+            [("gen_ai.request.id", rid), ("gen_ai.latency.time_in_queue", 0.01),
+             ("gen_ai.latency.time_to_first_token", 0.06), ("gen_ai.latency.e2e", 0.72),
+             ("gen_ai.latency.time_in_model_prefill", 0.05), ("gen_ai.latency.time_in_model_decode", 0.65),
+             ("gen_ai.usage.prompt_tokens", 40), ("gen_ai.usage.completion_tokens", 30)])]),
+    ]
+    for body in bodies:
+        status, _, answer = post_traces(dash["process"], dash["keys"]["default"], body)
+        assert status == 200, answer
+        dash["process"].wait_idle(30)
+    for trace in (app, serving):
+        ops.goto(f"/traces/{trace}")
+        sections = ops.page.locator("section.request")
+        assert sections.count() == 1
+        assert "joined by response_id" in sections.first.locator("h2").inner_text()
+        lanes = sections.first.locator(".lane .lane-label").all_inner_texts()
+        assert [label.split(" · ")[0] for label in lanes] == ["client", "gateway", "engine"]
+        # The row belongs to the engine's trace; the client's hop names its own.
+        assert f"(trace {app[:8]}…)" in lanes[0] and "(trace" not in lanes[2]
+    ops.page.screenshot(path=str(shots / "trace-joined.png"), full_page=True)
