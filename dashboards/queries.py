@@ -47,7 +47,7 @@ def _hour_aligned(step: int) -> bool:
 
 def _rollup_union(store: ClickHouseStore, project_id: int, since: dt.datetime, until: dt.datetime, step: int,
                   rollup_cols: str, raw_cols: str, extra_dims: str = "", where: str = "",
-                  params: dict | None = None) -> tuple[str, dict]:
+                  params: dict | None = None, table: str = "request_rollup_hourly") -> tuple[str, dict]:
     """A subquery of per-bucket states: the hourly rollups of the clean hours in the range, and the raw rows of
     the rest (range edges, the current hour, hours touched since their rollup was built). `step` is a whole
     number of hours, so an hour lies in one bucket."""
@@ -66,7 +66,7 @@ def _rollup_union(store: ClickHouseStore, project_id: int, since: dt.datetime, u
     dims = f", {extra_dims}" if extra_dims else ""
     sql = (
         f"SELECT toUnixTimestamp(toStartOfInterval(hour, INTERVAL {{step:UInt32}} SECOND)) AS b{dims}, "
-        f"requests AS n, errors AS errs, {rollup_cols} FROM {store.table('request_rollup_hourly')} "
+        f"requests AS n, errors AS errs, {rollup_cols} FROM {store.table(table)} "
         "WHERE project_id = {project_id:UInt32} AND (toUnixTimestamp(hour), version) IN "
         f"{{clean:Array(Tuple(UInt32, UInt64))}}{where} "
         "UNION ALL "
@@ -135,7 +135,9 @@ def overview_series(store: ClickHouseStore, project_id: int, since: dt.datetime,
                                 + [f"mean_{m} AS a_{m}" for m in COMPONENTS])
         raw_cols = ", ".join([f"quantilesTDigestState({levels})({m}) AS s_{m}" for m in TAILS + COMPONENTS]
                              + [f"avgState({m}) AS a_{m}" for m in COMPONENTS])
-        union, params = _rollup_union(store, project_id, since, until, step, rollup_cols, raw_cols)
+        # The totals rows (one per hour and replica group): ~100x fewer states than the hourly rollups'.
+        union, params = _rollup_union(store, project_id, since, until, step, rollup_cols, raw_cols,
+                                      table="request_rollup_hourly_totals")
         tails = ", ".join(f"quantilesTDigestMerge({levels})(s_{m})" for m in TAILS)
         means = ", ".join(f"avgMerge(a_{m})" for m in COMPONENTS)
         p95s = ", ".join(f"quantilesTDigestMerge({levels})(s_{m})[2]" for m in COMPONENTS)
@@ -168,7 +170,7 @@ def group_series(store: ClickHouseStore, project_id: int, since: dt.datetime, un
             store, project_id, since, until, step, "e2e_ms AS s_e2e, ttft_ms AS s_ttft",
             f"quantilesTDigestState({levels})(e2e_ms) AS s_e2e, quantilesTDigestState({levels})(ttft_ms) AS s_ttft",
             extra_dims="replica_group", where=" AND replica_group IN {groups:Array(String)}",
-            params={"groups": groups})
+            params={"groups": groups}, table="request_rollup_hourly_totals")
         rows = store.query(
             f"SELECT b, replica_group, sum(n), quantilesTDigestMerge({levels})(s_e2e)[2], "
             f"quantilesTDigestMerge({levels})(s_ttft)[2] FROM ({union}) GROUP BY b, replica_group ORDER BY b "

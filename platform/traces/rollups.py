@@ -66,6 +66,21 @@ def build_hour(store: ClickHouseStore, project_id: int, hour: dt.datetime, sourc
         project_id=project_id,
         parameters={"hour": hour.replace(tzinfo=None), "version": version},
     )
+    # The hour per replica group over the other dimensions (the dashboard's charts), merged from the rows just
+    # written, before the build record that makes the hour clean.
+    merged = ", ".join(f"{QUANTILES.replace('quantilesTDigest', 'quantilesTDigestMergeState')}({m})" for m in ROLLUP_METRICS)
+    merged_means = ", ".join(f"avgMergeState({c})" for c in MEAN_COLUMNS)
+    store.tenant_command(
+        f"INSERT INTO {store.table('request_rollup_hourly_totals')} "
+        f"(project_id, hour, replica_group, requests, errors, {', '.join(ROLLUP_METRICS)}, {', '.join(MEAN_COLUMNS)}, "
+        "version, retention_days) "
+        f"SELECT project_id, hour, replica_group, sum(requests), sum(errors), {merged}, {merged_means}, "
+        f"{{version:UInt64}}, max(retention_days) FROM {store.table('request_rollup_hourly')} "
+        "WHERE project_id = {project_id:UInt32} AND hour = {hour:DateTime} AND version = {version:UInt64} "
+        "GROUP BY project_id, hour, replica_group",
+        project_id=project_id,
+        parameters={"hour": hour.replace(tzinfo=None), "version": version},
+    )
     store.insert_encoded(
         "request_rollup_builds",
         ("project_id", "hour", "version", "source_version"),
