@@ -241,8 +241,9 @@ def test_max_concurrency_caps_requests_in_flight():
     with FakeOpenAI(ttft=0.04, itl=0.005) as server:
         result = run_load_sync(_spec(server, num_requests=8, max_concurrency=2, output_len=LengthRange(4, 4)),
                                tracer_provider=provider)
-        assert server.peak_in_flight == 2
+        # The cap holds; reaching it is timing (on a starved machine a request can finish before the next starts).
+        assert 1 <= server.peak_in_flight <= 2
     assert result.summary.completed == 8
-    assert result.summary.max_concurrent_requests == 2
+    assert 1 <= result.summary.max_concurrent_requests <= 2
     # Eight requests of ~55 ms, two at a time: at least four rounds.
     assert result.duration >= 4 * 0.05
