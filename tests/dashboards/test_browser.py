@@ -497,6 +497,12 @@ def test_a_viewer_sees_no_edit_controls_and_gets_403_when_posting(browser, dash,
     assert request.post(dash["url"] + f"/alerts/{alert['fingerprint']}/",
                         form={"matchers": f'slo="{burning}"', "duration": "1h", "comment": "no"},
                         headers=headers).status == 403
+    # Another project's alert and SLO are not found (a member of 'other' only).
+    outsider = Session(browser, dash["url"])
+    outsider.login("outsider", dash["passwords"]["outsider"])
+    assert outsider.goto(f"/alerts/{alert['fingerprint']}/").status == 404
+    assert outsider.goto(f"/slos/{burning}/").status == 404
+    outsider.close()
     # Without the CSRF token even an operator's POST is refused.
     assert ops.context.request.post(dash["url"] + f"/slos/{burning}/delete").status == 403
     assert _api(dash, f"/api/v1/slos/{burning}?project=default")["name"] == burning
