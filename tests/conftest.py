@@ -9,32 +9,10 @@ import dataclasses
 import os
 import re
 import uuid
-from urllib.parse import urlparse, urlunparse
 
 import pytest
 from observatory.bench.harness import PlatformProcess
-
-
-def _server_mode_database() -> tuple[str, str] | None:
-    """(admin URL, URL of a new empty database) when the suite runs against PostgreSQL."""
-    url = os.environ.get("DATABASE_URL", "")
-    if not url.startswith(("postgres://", "postgresql://")):
-        return None
-    import psycopg
-
-    name = f"observatory_t_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    parsed = urlparse(url)
-    return url, urlunparse(parsed._replace(path=f"/{name}"))
-
-
-def _drop_database(admin_url: str, db_url: str) -> None:
-    import psycopg
-
-    name = urlparse(db_url).path.lstrip("/")
-    with psycopg.connect(admin_url, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+from otlp_live_helpers import _drop_database, _server_mode_database
 
 
 @dataclasses.dataclass

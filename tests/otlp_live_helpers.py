@@ -11,11 +11,14 @@ import datetime as dt
 import gzip
 import http.client
 import json
+import os
 import subprocess
 import sys
 import textwrap
 import time
 import urllib.parse
+import uuid
+from urllib.parse import urlparse, urlunparse
 
 from google.protobuf.json_format import MessageToDict
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
@@ -241,3 +244,25 @@ def assert_stored_exactly_once(chdb_path: str, acked: list[str], spans_per_trace
                 "spans_final": spans_per_trace * n, "requests": n, "request_traces": n, "requests_complete": n}
     assert totals == expected, totals
     return totals
+
+
+def _server_mode_database() -> tuple[str, str] | None:
+    """(admin URL, URL of a new empty database) when the suite runs against PostgreSQL."""
+    url = os.environ.get("DATABASE_URL", "")
+    if not url.startswith(("postgres://", "postgresql://")):
+        return None
+    import psycopg
+
+    name = f"observatory_t_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    parsed = urlparse(url)
+    return url, urlunparse(parsed._replace(path=f"/{name}"))
+
+
+def _drop_database(admin_url: str, db_url: str) -> None:
+    import psycopg
+
+    name = urlparse(db_url).path.lstrip("/")
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

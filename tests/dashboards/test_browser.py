@@ -18,7 +18,7 @@ import pytest
 from observatory.bench.harness import PlatformProcess, free_port, free_port_pair
 from observatory.bench.payloads import add_attribute
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-from otlp_live_helpers import post_traces
+from otlp_live_helpers import _drop_database, _server_mode_database, post_traces
 
 playwright_api = pytest.importorskip("playwright.sync_api")
 
@@ -62,9 +62,12 @@ def receiver():
 @pytest.fixture(scope="module")
 def dash(tmp_path_factory, chromium_executable, receiver):
     gateway, control, replicas = free_port(), free_port(), free_port_pair()
+    # Server mode: a PostgreSQL database of its own (the users created here must be new), dropped afterwards.
+    database = _server_mode_database()
     process = PlatformProcess(
         data_dir=str(tmp_path_factory.mktemp("dash") / "data"), args=("--with-engine", "--load", "4"),
-        extra_env={"ENGINE_GATEWAY_BIND": f"127.0.0.1:{gateway}", "ENGINE_CONTROL_BIND": f"127.0.0.1:{control}",
+        extra_env={**({"DATABASE_URL": database[1]} if database else {}),
+                   "ENGINE_GATEWAY_BIND": f"127.0.0.1:{gateway}", "ENGINE_CONTROL_BIND": f"127.0.0.1:{control}",
                    "ENGINE_REPLICA_BASE_PORT": str(replicas),
                    # SLOs evaluated every 2 s and a page firing 1 s after it became pending: an alert within seconds.
                    "SLO_EVALUATE_INTERVAL_SECONDS": "2", "ALERTS_PAGE_FOR_SECONDS": "1",
@@ -90,6 +93,8 @@ def dash(tmp_path_factory, chromium_executable, receiver):
         yield {"process": process, "keys": keys, "token": token, "passwords": passwords, "url": process.url}
     finally:
         process.stop()
+        if database:
+            _drop_database(*database)
 
 
 def _wait_for_both_groups(process, token: str) -> None:

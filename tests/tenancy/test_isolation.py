@@ -150,8 +150,12 @@ def test_latency_summary_counts_only_the_readers_project(live_platform, traces):
 def test_token_of_several_projects_must_name_one(live_platform, traces):
     token = live_platform.process.manage("create_api_token", "--user", f"erin-{uuid.uuid4().hex[:6]}",
                                          "--project", "alpha", "--project", "beta")
-    status, body = api(live_platform, f"/api/v1/requests?trace_id={traces['alpha']}", token)
+    status, body = api(live_platform, "/api/v1/latency/summary", token)
     assert status == 400 and "project" in body["error"]
+    # A trace id names one trace whatever the project: without ?project= the token's projects are searched, and
+    # each row says which it belongs to (never a project the token does not read).
+    status, body = api(live_platform, f"/api/v1/requests?trace_id={traces['alpha']}", token)
+    assert status == 200 and [r["project"] for r in body["requests"]] == ["alpha"], body
     assert len(requests_of(live_platform, traces["alpha"], token, project="alpha")) == 1
     assert requests_of(live_platform, traces["alpha"], token, project="beta") == []
     assert len(requests_of(live_platform, traces["beta"], token, project="beta")) == 1
