@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 
-from alerts.api import SilenceIn, _Muting, alert_json, create_silence, silence_json
+from alerts.api import SilenceIn, _Muting, alert_json, create_silence, expire_now, silence_json
 from alerts.models import Alert as AlertRow
 from alerts.models import Silence as SilenceRow
 from alerts.silences import matches_all
@@ -119,10 +119,7 @@ def silence_expire(request: HttpRequest, viewer: Viewer, silence_id: int) -> Htt
         raise Http404("no such silence in this project")
     if not viewer.can("operator"):
         return HttpResponseForbidden(f"silences need the operator role in project {viewer.project}")
-    now = timezone.now()
-    if silence.ends_at > now:
-        SilenceRow.objects.filter(pk=silence.pk, ends_at__gt=now).update(
-            ends_at=now, expired_at=now, expired_by_name=viewer.identity.username)
-        log.info("silence %s expired by %s in the dashboard", silence.id, viewer.identity.username)
+    expire_now(silence, viewer.identity.username, timezone.now())
+    log.info("silence %s expired by %s in the dashboard", silence.id, viewer.identity.username)
     back = request.POST.get("next", "")
     return redirect(back if back.startswith("/") and not back.startswith("//") else reverse("alerts"))

@@ -378,8 +378,13 @@ def expire_silence(request: HttpRequest, path: Path[SilencePath]):
     silence = _silence_for(identity, path.silence_id)
     require(identity, silence.project_id, "operator", "managing silences")
     now = timezone.now()
+    expire_now(silence, identity.username, now)
+    return {"silence": silence_json(silence, now)}
+
+
+def expire_now(silence: SilenceRow, username: str, now: dt.datetime) -> None:
+    """End a silence now (it stays listed, as expired by `username`); one already over is left as it is."""
     if silence.ends_at > now:
         SilenceRow.objects.filter(pk=silence.pk, ends_at__gt=now).update(
-            ends_at=now, expired_at=now, expired_by_name=identity.username)
+            ends_at=now, expired_at=now, expired_by_name=username)
         silence.refresh_from_db()
-    return {"silence": silence_json(silence, now)}
