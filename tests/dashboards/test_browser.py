@@ -196,6 +196,7 @@ def test_switching_project(ops):
         ops.page.select_option("#project-select", "other")
     assert "project=other" in ops.page.url
     assert ops.page.locator("[data-testid=total]").inner_text() == "0"  # nothing sent to 'other'
+    assert "Send traces" in ops.page.locator("[data-testid=no-requests]").inner_text()
     ops.goto("/requests/")  # the choice is remembered
     assert ops.page.locator("#project-select").input_value() == "other"
     assert ops.page.locator("table.requests tbody tr").count() == 0
