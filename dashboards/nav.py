@@ -18,4 +18,7 @@ PAGES = (
     Entry("alerts", "Alerts", "alerts"),
     Entry("channels", "Channels", "channels"),
     Entry("engine", "Engine", "engine"),
+    Entry("regressions", "Regressions", "regressions"),
+    Entry("tuning", "Tuning", "tuning"),
+    Entry("rollouts", "Rollouts", "rollouts"),
 )

@@ -63,6 +63,9 @@ def overview(request: HttpRequest, viewer: Viewer) -> HttpResponse:
             "series": queries.group_series(store, viewer.project_id, since, until,
                                            3600 if until - since >= dt.timedelta(hours=24) else step, groups),
         }
+    from rollouts.service import annotations
+
+    series["annotations"] = annotations(viewer.project_id, since, until)
     total = sum(series["rate"]) * step
     errors = sum(series["errors"]) * step
     context = _base(request, viewer, "overview", range=label, step=step, series=series, breakdowns=breakdowns,

@@ -31,6 +31,11 @@ def count_tokens(text: str) -> int:
     return sum(1 for _ in _TOKEN.finditer(text))
 
 
+def token_ends(text: str) -> list[int]:
+    """The end offset of each token of ``text`` (text[:ends[k-1]] holds its first k tokens)."""
+    return [match.end() for match in _TOKEN.finditer(text)]
+
+
 def token_ids(text: str, vocab_size: int = 128_256) -> list[int]:
     """Stable ids for the tokens of ``text`` (for prefix-cache block hashing); same text → same ids."""
     import zlib

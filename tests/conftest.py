@@ -9,10 +9,45 @@ import dataclasses
 import os
 import re
 import uuid
+from pathlib import Path
 
 import pytest
 from observatory.bench.harness import PlatformProcess
 from otlp_live_helpers import _drop_database, _server_mode_database
+
+TESTS = Path(__file__).resolve().parent
+# Tests that touch neither the metadata database nor the broker run the same in both modes: the engine (its
+# simulator, gateway, launcher, real vLLM; no Django), the collectors, and modules marked mode_independent (pure
+# statistics, plans, searches in the simulator, the OTLP pipeline's spool and ClickHouse, where the database only
+# looks the key up). CI runs each of them once, in the suite its marker names (`mode_independent(suite=...)`;
+# default embedded; tests/engine and tests/collectors: server), to balance the two suites that run side by side:
+# OBSERVATORY_SUITE=embedded|server deselects the others' share. Unset (make test), everything runs.
+# tests/engine's one test of the platform (runplatform --with-engine) is marked mode_dependent: both suites.
+SUITE_OF_DIRECTORY = {"engine": "server", "collectors": "server"}
+
+
+def assigned_suite(item) -> str | None:
+    """The one suite a mode-independent test runs in; None for a test that runs in both."""
+    if item.get_closest_marker("mode_dependent"):
+        return None
+    marker = item.get_closest_marker("mode_independent")
+    if marker is not None:
+        return marker.kwargs.get("suite", "embedded")
+    parts = Path(str(item.fspath)).resolve().relative_to(TESTS).parts
+    return SUITE_OF_DIRECTORY.get(parts[0])
+
+
+def pytest_collection_modifyitems(config, items):
+    suite = os.environ.get("OBSERVATORY_SUITE", "")
+    if suite not in ("embedded", "server"):
+        return
+    keep, dropped = [], []
+    for item in items:
+        owner = assigned_suite(item)
+        (keep if owner in (None, suite) else dropped).append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = keep
 
 
 @dataclasses.dataclass

@@ -12,6 +12,8 @@ from urllib.parse import urlparse
 import pytest
 import yaml
 
+pytestmark = pytest.mark.mode_independent  # no database, no broker: CI runs it once (tests/conftest.py)
+
 ROOT = Path(__file__).resolve().parents[1]
 DOCKER = ROOT / "docker"
 SETTINGS = ROOT / "platform" / "observatory" / "settings.py"

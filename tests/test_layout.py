@@ -3,6 +3,10 @@ import importlib
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.mode_independent  # no database, no broker: CI runs it once (tests/conftest.py)
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -23,3 +27,13 @@ def test_no_top_level_module_named_after_the_stdlib():
         names |= {p.name for p in source_root.iterdir() if (p / "__init__.py").exists()}
     clashes = names & set(sys.stdlib_module_names)
     assert not clashes, f"these names shadow standard-library modules: {sorted(clashes)}"
+
+
+def test_every_package_of_the_source_root_is_installed():
+    """pyproject's package list names every package under platform/ (a missing one installs without it)."""
+    import tomllib
+
+    include = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]["include"]
+    patterns = {pattern.rstrip("*") for pattern in include}
+    packages = {p.name for p in (ROOT / "platform").iterdir() if (p / "__init__.py").exists()}
+    assert packages <= patterns, f"not installed: {sorted(packages - patterns)}"

@@ -9,12 +9,23 @@ LABELS = {"model": "model", "service": "service", "engine_config": "engine confi
           "prompt_bucket": "prompt length", "gateway": "gateway"}
 
 
+def _number(value) -> float | None:
+    """A figure as a float; None when it is missing (None, or '' for a key a template looked up in vain) or not a
+    number."""
+    if value is None or value == "":
+        return None
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
 @register.filter
 def ms(value) -> str:
     """A duration in milliseconds, to a sensible precision; '–' when not observed."""
+    value = _number(value)
     if value is None:
         return "–"
-    value = float(value)
     if abs(value) >= 10_000:
         return f"{value / 1000:.1f} s"
     if abs(value) >= 100:
@@ -26,7 +37,8 @@ def ms(value) -> str:
 
 @register.filter
 def percent(value) -> str:
-    return "–" if value is None else f"{100.0 * float(value):.2f}%"
+    value = _number(value)
+    return "–" if value is None else f"{100.0 * value:.2f}%"
 
 
 @register.filter
@@ -72,9 +84,10 @@ def split(value: str):
 
 @register.filter
 def signed_ms(value) -> str:
+    value = _number(value)
     if value is None:
         return "–"
-    return ("+" if float(value) >= 0 else "−") + ms(abs(float(value)))
+    return ("+" if value >= 0 else "−") + ms(abs(value))
 
 
 @register.filter
@@ -84,3 +97,61 @@ def num(value) -> str:
     if isinstance(value, float):
         return f"{value:.3g}" if abs(value) < 1000 else f"{value:.0f}"
     return str(value)
+
+
+@register.filter
+def pvalue(value) -> str:
+    """A p-value: two significant digits, scientific below 1e-4."""
+    value = _number(value)
+    if value is None:
+        return "–"
+    return f"{value:.2g}" if value >= 1e-4 else f"{value:.1e}"
+
+
+@register.filter
+def points(value) -> str:
+    """A rate already in percent (pass rate, error rate)."""
+    return "–" if value is None else f"{float(value):.1f}%"
+
+
+@register.filter
+def interval_ms(value) -> str:
+    if not value:
+        return "–"
+    return f"[{signed_ms(value[0])}, {signed_ms(value[1])}]"
+
+
+@register.filter
+def isotime(value) -> str:
+    """An ISO 8601 time as 'YYYY-MM-DD HH:MM:SS' (UTC)."""
+    if not value:
+        return "–"
+    return str(value)[:19].replace("T", " ")
+
+
+@register.filter
+def pretty_json(value) -> str:
+    """Indented JSON of a config or document (for a <pre>)."""
+    import json
+
+    return json.dumps(value, indent=2, sort_keys=True, default=str)
+
+
+SLO_NAMES = {"ttft_ms": "TTFT", "tpot_ms": "TPOT", "e2e_ms": "end-to-end", "queue_ms": "queue time"}
+
+
+@register.filter
+def slo_name(metric: str) -> str:
+    """ttft_ms → TTFT, for SLO thresholds in sentences."""
+    return SLO_NAMES.get(metric, metric)
+
+
+@register.filter
+def epoch_time(value) -> str:
+    """An epoch (seconds) as HH:MM:SS UTC."""
+    import datetime as dt
+
+    try:
+        return dt.datetime.fromtimestamp(float(value), dt.timezone.utc).strftime("%H:%M:%S")
+    except (TypeError, ValueError, OverflowError, OSError):
+        return "–"

@@ -44,6 +44,9 @@ _FORWARDED_HEADERS = ("Authorization", "X-Request-Id", "Accept")
 _RECORDED_HEADERS = ("x-request-id", "x-litellm-call-id")
 _MAX_RECORDED_HEADER = 256
 _PASSED_BACK_HEADERS = ("Retry-After", "X-Request-Id")
+# Sends a request to one replica group, whatever its weight (0 included) and without falling back to another:
+# how a regression run or a rollout's pre-traffic gate replays a dataset against one group of the fleet.
+GROUP_HEADER = "X-Engine-Group"
 _MAX_MODEL_NAME = 512
 CLIENT_CLOSED = 499  # nginx's code for "client closed the request", used in metrics and spans
 
@@ -317,13 +320,20 @@ class Exchange:
     async def _forward(self, body: bytes, headers: dict[str, str]) -> None:
         table = self.gateway.table
         metrics = self.gateway.metrics
-        preferred = table.choose_group().name
+        pinned = self.request.headers.get(GROUP_HEADER)
+        if pinned is not None:
+            if table.group(pinned) is None:
+                raise GatewayError(400, f"{GROUP_HEADER}: no replica group named {pinned[:100]!r} "
+                                        f"(groups: {', '.join(g.name for g in table.groups)})", "unknown_group")
+            preferred = pinned
+        else:
+            preferred = table.choose_group().name
         tried: list[Upstream] = []
         last_failure: _AttemptFailed | None = None
         self.watchdog.start()
         try:
             while True:
-                upstream = table.pick(self.model, preferred, tried)
+                upstream = table.pick(self.model, preferred, tried, pinned=pinned is not None)
                 if upstream is None:
                     break
                 if tried:

@@ -148,8 +148,18 @@ class RouteTable:
                 return group
         return groups[-1]  # float rounding left `point` at exactly 0
 
-    def pick(self, model: str, preferred: str, tried: Collection[Upstream] = ()) -> Upstream | None:
-        """The replica for the next attempt: from group ``preferred`` if it has one, else another weighted group."""
+    def group(self, name: str) -> ReplicaGroup | None:
+        return next((group for group in self._groups if group.name == name), None)
+
+    def pick(self, model: str, preferred: str, tried: Collection[Upstream] = (), *,
+             pinned: bool = False) -> Upstream | None:
+        """The replica for the next attempt: from group ``preferred`` if it has one, else another weighted group.
+        ``pinned``: from group ``preferred`` only (whatever its weight), never another."""
+        if pinned:
+            group = self.group(preferred)
+            eligible = [] if group is None else [
+                u for u in group.upstreams if u.healthy and u not in tried and u.serves(model)]
+            return self._least_loaded(eligible) if eligible else None
         eligible_by_group = []
         for group in self._groups:
             if group.weight <= 0 and group.name != preferred:

@@ -646,10 +646,15 @@ class GroupRuntime:
     transition: dict[str, Any] | None = None
     last_transition: dict[str, Any] | None = None
     task: asyncio.Task | None = None
+    # Added at run time through the control API (a rollout's canary), copying ``base``'s backend and model;
+    # not in the fleet file, so gone when the controller restarts (whoever added it adds it again).
+    base: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "name": self.spec.name,
+            "dynamic": self.base is not None,
+            "base": self.base,
             "weight": self.weight,
             "replicas": self.spec.replicas,
             "backend": self.spec.backend,
@@ -1069,6 +1074,73 @@ class FleetController:
         self._write_state()
         return 200, {"weights": new}
 
+    async def add_group(self, name: str, *, base: str, config: EngineConfig, replicas: int | None = None,
+                        weight: float = 0.0) -> tuple[int, dict[str, Any]]:
+        """Start a group at run time (a canary): ``base``'s backend, model name, seed and environment with another
+        config, ``replicas`` (default: one) at ``weight`` (default 0: reached only through X-Engine-Group). Its
+        replicas join the gateway's table as they become healthy. Idempotent: adding the same group with the same
+        config again answers 200."""
+        if self._stop.is_set():
+            return 409, {"error": "the fleet is stopping"}
+        existing = self.groups.get(name)
+        if existing is not None:
+            if existing.base is not None and existing.base == base and existing.config.version == config.version:
+                return 200, {"status": "exists", "group": existing.to_dict()}
+            why = "a group of the fleet file" if existing.base is None else \
+                f"a run-time group of {existing.base!r} with config {existing.config.version}"
+            return 409, {"error": f"group {name!r} already exists ({why})"}
+        if not _GROUP_NAME.match(name):
+            return 400, {"error": f"a group name is 1-64 letters, digits, '_', '.' or '-', not {name!r}"}
+        parent = self.groups.get(base)
+        if parent is None or parent.base is not None:
+            return 404, {"error": f"no group {base!r} of the fleet file to base {name!r} on; groups: "
+                                  f"{', '.join(n for n, g in self.groups.items() if g.base is None)}"}
+        spec = dataclasses.replace(parent.spec, name=name, weight=weight, config=config,
+                                   replicas=replicas or 1)
+        group = GroupRuntime(spec=spec, weight=weight, config=config, base=base)
+        async with self._routes_lock:
+            self.groups[name] = group
+            group.serving = self.supervisor.spawn_group(
+                name, replicas=spec.replicas, command_factory=self._replica_factory(spec, config),
+                config_version=config.version, backend=spec.backend, policy=self.spec.policy_for(spec.backend))
+            try:
+                await self._send_routes(self._routes(), attempts=3)
+            except GatewayError as exc:  # the table also reaches the gateway when the replicas turn healthy
+                log.warning("route update for new group %s not delivered: %s", name, exc)
+        self._write_state()
+        log.info("group %s added (base %s, config %s, %d replica(s), weight %s)", name, base, config.version,
+                 spec.replicas, weight)
+        return 201, {"status": "starting", "group": group.to_dict()}
+
+    async def remove_group(self, name: str, *, drain_timeout: float | None = None) -> tuple[int, dict[str, Any]]:
+        """Take a run-time group out of the gateway's table, then drain and stop its replicas. Groups of the fleet
+        file cannot be removed. Removing a group that is not there answers 200 (idempotent)."""
+        group = self.groups.get(name)
+        if group is None:
+            return 200, {"status": "absent", "group": name}
+        if group.base is None:
+            return 409, {"error": f"group {name!r} is in the fleet file; only groups added at run time can be "
+                                  f"removed"}
+        async with self._routes_lock:
+            del self.groups[name]
+            try:
+                await self._send_routes(self._routes(), attempts=3)
+            except GatewayError as exc:
+                log.warning("route update without group %s not delivered: %s", name, exc)
+        if group.task is not None and not group.task.done():
+            group.task.cancel()
+        processes = self.supervisor.processes(group=name)
+
+        async def retire_all() -> None:
+            await asyncio.gather(*(self.supervisor.retire(p, drain=True, timeout=drain_timeout) for p in processes),
+                                 return_exceptions=True)
+            self._write_state()
+
+        self._spawn_background(retire_all())
+        self._write_state()
+        log.info("group %s removed; draining %d replica(s)", name, len(processes))
+        return 202, {"status": "removing", "group": name, "replicas": [p.name for p in processes]}
+
     # ------------------------------------------------------------------ state
     def snapshot(self) -> dict[str, Any]:
         replicas = [p.to_dict() for p in self.supervisor.processes(role="replica")]
@@ -1230,6 +1302,36 @@ def build_control_app(controller: FleetController) -> web.Application:
         status, payload = await controller.set_weights(weights)
         return web.json_response(payload, status=status)
 
+    async def put_group(request: web.Request) -> web.Response:
+        name = request.match_info["name"]
+        body, error = await read_json(request)
+        if error is not None:
+            return error
+        if not isinstance(body, dict) or not {"base", "config"} <= set(body) \
+                or set(body) - {"base", "config", "replicas", "weight"}:
+            return _json_error(400, 'body must be {"base": "<group>", "config": {<engine config>}} (optionally '
+                                    'with "replicas" and "weight")')
+        replicas = body.get("replicas", 1)
+        if isinstance(replicas, bool) or not isinstance(replicas, int) or not 1 <= replicas <= MAX_REPLICAS_PER_GROUP:
+            return _json_error(400, f"replicas must be an integer in 1..{MAX_REPLICAS_PER_GROUP}")
+        weight = body.get("weight", 0)
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight) \
+                or not 0 <= weight <= 1_000_000:
+            return _json_error(400, "weight must be a number in 0..1000000")
+        if not isinstance(body["base"], str):
+            return _json_error(400, "base must be the name of a group of the fleet file")
+        try:
+            config = EngineConfig.from_dict(body["config"])
+        except ConfigError as exc:
+            return _json_error(400, "invalid engine config", problems=exc.problems)
+        status, payload = await controller.add_group(name, base=body["base"], config=config, replicas=replicas,
+                                                     weight=weight)
+        return web.json_response(payload, status=status)
+
+    async def delete_group(request: web.Request) -> web.Response:
+        status, payload = await controller.remove_group(request.match_info["name"])
+        return web.json_response(payload, status=status)
+
     async def post_stop(request: web.Request) -> web.Response:
         # Answer first, then stop: the caller learns the stop was accepted before the API goes away.
         asyncio.get_running_loop().call_later(0.05, controller.request_stop)
@@ -1238,6 +1340,8 @@ def build_control_app(controller: FleetController) -> web.Application:
     app = web.Application(middlewares=[guard], client_max_size=_MAX_BODY)
     app.router.add_get("/fleet", get_fleet)
     app.router.add_put("/fleet/groups/{name}/config", put_group_config)
+    app.router.add_put("/fleet/groups/{name}", put_group)
+    app.router.add_delete("/fleet/groups/{name}", delete_group)
     app.router.add_put("/fleet/weights", put_weights)
     app.router.add_post("/fleet/stop", post_stop)
     return app

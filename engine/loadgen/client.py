@@ -69,6 +69,7 @@ class RequestRecord:
     finish_reason: str | None = None
     trace_id: str | None = None  # hex, to find the request in the platform (GET /api/v1/requests?trace_id=)
     span_id: str | None = None
+    output: str | None = None  # the generated text, kept only when the sender is asked to (keep_output)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -171,6 +172,8 @@ class RequestSender:
         tracer: trace.Tracer,
         api_key: str | None = None,
         extra_body: dict[str, Any] | None = None,
+        headers: dict[str, str] | None = None,
+        keep_output: bool = False,
     ):
         self.session = session
         self.api_url = api_url
@@ -187,7 +190,9 @@ class RequestSender:
                              "application/json"}
         if api_key:
             self.base_headers["Authorization"] = f"Bearer {api_key}"
+        self.base_headers.update(headers or {})
         self.extra_body = dict(extra_body or {})
+        self.keep_output = keep_output
 
     def body(self, content: RequestContent) -> dict[str, Any]:
         """The request body: vLLM benchmark defaults (greedy, ``ignore_eos``: the output length is as asked)."""
@@ -205,8 +210,10 @@ class RequestSender:
             body["stream_options"] = {"include_usage": True}
         return body
 
-    async def send(self, record: RequestRecord, content: RequestContent, run_start: float) -> RequestRecord:
-        """Send one request and fill ``record`` in; never raises for a failed request (the record says why)."""
+    async def send(self, record: RequestRecord, content: RequestContent, run_start: float,
+                   attributes: dict[str, Any] | None = None) -> RequestRecord:
+        """Send one request and fill ``record`` in; never raises for a failed request (the record says why).
+        ``attributes`` are added to the CLIENT span (e.g. the regression run and item it belongs to)."""
         content = content.for_endpoint(self.endpoint)
         body = self.body(content)
         payload = json.dumps(body).encode()
@@ -220,6 +227,7 @@ class RequestSender:
             "gen_ai.request.stream": self.stream,
             "server.address": self.server_address,
             "server.port": self.server_port,
+            **(attributes or {}),
         }
         for key in ("temperature", "top_p"):  # as sent (--extra-body may change them)
             value = body.get(key)
@@ -264,6 +272,8 @@ class RequestSender:
         record.e2e_ms = elapsed * 1000.0
         if record.success:
             self._finish_counts(record, content, text, elapsed)
+            if self.keep_output:
+                record.output = text
         self._end_span(span, record, start_wall_ns, elapsed)
         return record
 

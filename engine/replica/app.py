@@ -71,7 +71,7 @@ from engine.replica.openai_api import (
 )
 from engine.replica.spans import RequestTimings, build_replica_tracer_provider, emit_request_span
 from engine.sim.core import EngineCore, SimOptions, SimRequest
-from engine.tokens import synthetic_text
+from engine.tokens import synthetic_text, token_ends
 
 log = logging.getLogger(__name__)
 
@@ -343,7 +343,8 @@ async def _generate(http_request: web.Request, kind: str) -> web.StreamResponse:
     if driver is None or not state.ready:
         return _error("the replica cannot take requests: it is shutting down", 503, "ServiceUnavailableError")
     tracked = driver.submit(sim, http_request=http_request)
-    generation = _Generation(state, http_request, request, tracked, request_id, created, finish_reason)
+    generation = _Generation(state, http_request, request, tracked, request_id, created, finish_reason,
+                             output_tokens)
     try:
         if request.stream:
             return await _stream(generation)
@@ -381,20 +382,39 @@ def _abort_message(tracked: TrackedRequest) -> tuple[str, int, str]:
 
 
 class _TextWriter:
-    """Synthetic output text, produced piecewise so the pieces' concatenation has exactly the released count."""
+    """Synthetic output text of `total` tokens, made whole up front and handed out piecewise, so the pieces'
+    concatenation is the same text whatever the chunking (a greedy request answers the same text each time, as
+    greedy decoding does on vLLM)."""
 
-    def __init__(self, seed: int):
-        self.rng = random.Random(seed)
-        self.any = False
+    def __init__(self, seed: int, total: int):
+        self.text = synthetic_text(max(total, 0), random.Random(seed))
+        self.ends = token_ends(self.text)
+        self.sent = 0
+        self.position = 0
 
     def take(self, count: int) -> str:
         if count <= 0:
             return ""
-        text = synthetic_text(count, self.rng)
-        if self.any:
-            text = " " + text  # a separating space keeps the tokens of consecutive pieces apart
-        self.any = True
-        return text
+        self.sent += count
+        if self.sent <= len(self.ends):
+            end = self.ends[self.sent - 1]
+        else:  # more than planned (cannot happen: released ≤ the planned output); pad with words
+            extra = synthetic_text(self.sent - len(self.ends), random.Random(self.sent))
+            self.text += (" " if self.text else "") + extra
+            self.ends = token_ends(self.text)
+            end = self.ends[self.sent - 1]
+        piece, self.position = self.text[self.position:end], end
+        return piece
+
+
+def text_seed(state: ReplicaState, request: GenerationRequest) -> int:
+    """The output text's seed: the request's `seed`, else for greedy sampling one fixed by the prompt (the same
+    prompt gets the same text, as from a deterministic model), else a random one."""
+    if request.seed is not None:
+        return request.seed
+    if request.temperature == 0:
+        return state.seed * 1_000_033 + prompt_fingerprint(request.prompt_token_ids) + 7
+    return state.rng.getrandbits(32)
 
 
 @dataclass(frozen=True)
@@ -408,6 +428,7 @@ class _Generation:
     request_id: str
     created: int
     finish_reason: str
+    output_tokens: int
 
 
 async def _stream(generation: _Generation) -> web.StreamResponse:
@@ -424,7 +445,7 @@ async def _stream(generation: _Generation) -> web.StreamResponse:
 async def _stream_body(generation: _Generation, response: web.StreamResponse) -> None:
     state, request, tracked = generation.state, generation.request, generation.tracked
     request_id, created, finish_reason = generation.request_id, generation.created, generation.finish_reason
-    writer = _TextWriter(state.rng.getrandbits(32))
+    writer = _TextWriter(text_seed(state, request), generation.output_tokens)
     sent = 0
     first_output: float | None = None
     while True:
@@ -488,7 +509,7 @@ async def _respond(generation: _Generation) -> web.StreamResponse:
             observed_first = True
             state.metrics.time_to_first_token.observe(tracked.first_release - tracked.sim.arrival_time)
     await _finishing_time(state, tracked)
-    text = synthetic_text(tracked.released, random.Random(state.rng.getrandbits(32)))
+    text = _TextWriter(text_seed(state, request), generation.output_tokens).take(tracked.released)
     body = orjson.dumps(full_response(request, generation.request_id, generation.created, text,
                                       generation.finish_reason, tracked.released))
     response = web.Response(body=body, status=200, content_type="application/json")

@@ -54,8 +54,31 @@ def diagnose(project_id: int, filters: dict, burning: tuple[dt.datetime, dt.date
     if engine is None:
         engine = engine_knobs(
             [c["value"] for c in ranked.get("engine_config", [])[:TOP_N]])
-    return build_diagnosis(stats, ranked, sli=sli, threshold_ms=threshold_ms, filters=filters,
-                           burning=burning, baseline=baseline, engine=engine)
+    diagnosis = build_diagnosis(stats, ranked, sli=sli, threshold_ms=threshold_ms, filters=filters,
+                                burning=burning, baseline=baseline, engine=engine)
+    return with_rollouts(diagnosis, project_id, burning)
+
+
+def with_rollouts(diagnosis: dict, project_id: int, burning: tuple[dt.datetime, dt.datetime]) -> dict:
+    """Name the project's rollouts running during the burning window (or ended less than 10 minutes before its
+    end): a canary taking traffic is the first suspect of a regression."""
+    try:
+        from django.db import transaction
+        from rollouts.service import rollouts_during
+
+        # Best effort, in a savepoint: a diagnosis (and the alert transition it belongs to) never fails for want
+        # of this lookup.
+        with transaction.atomic():
+            found = rollouts_during(project_id, *burning)
+    except Exception:  # noqa: BLE001 - no metadata database here (a benchmark, a unit test), or it is away
+        log.warning("diagnosis: the rollouts of project %s could not be read", project_id, exc_info=True)
+        return diagnosis
+    diagnosis["rollouts"] = found
+    if found:
+        names = "; ".join(f"rollout #{r['id']} of group {r['group']} ({r['state']}"
+                          + (f", canary {r['canary_weight']:g}%" if r["canary_weight"] else "") + ")" for r in found)
+        diagnosis["summary"] = f"During {names}. {diagnosis.get('summary') or ''}".strip()
+    return diagnosis
 
 
 def rank_contributors(rows: list[dict]) -> list[dict]:
@@ -373,24 +396,31 @@ SPEC_ACCEPTED_TOKENS = "vllm:spec_decode_num_accepted_tokens_total"
 SPEC_DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
 
 
-def speculative_acceptance(upstreams: list[str], timeout: float = 1.0) -> float | None:
-    """Accepted / draft tokens summed over the replicas' vLLM metrics (counters since each replica started)."""
+def replica_counters(upstreams: list[str], names: tuple[str, ...], timeout: float = 1.0) -> dict[str, float] | None:
+    """Each named counter summed over the replicas' /metrics (all label sets); None when no replica answered."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    accepted = drafted = 0.0
+    totals = dict.fromkeys(names, 0.0)
+    answered = False
     for url in upstreams:
         try:
             with urllib.request.urlopen(url.rstrip("/") + "/metrics", timeout=timeout) as response:  # noqa: S310
                 text = response.read().decode("utf-8", "replace")
         except OSError:
             continue
+        answered = True
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
-                if sample.name == SPEC_ACCEPTED_TOKENS:
-                    accepted += sample.value
-                elif sample.name == SPEC_DRAFT_TOKENS:
-                    drafted += sample.value
-    return accepted / drafted if drafted else None
+                if sample.name in totals:
+                    totals[sample.name] += sample.value
+    return totals if answered else None
+
+
+def speculative_acceptance(upstreams: list[str], timeout: float = 1.0) -> float | None:
+    """Accepted / draft tokens summed over the replicas' vLLM metrics (counters since each replica started)."""
+    totals = replica_counters(upstreams, (SPEC_ACCEPTED_TOKENS, SPEC_DRAFT_TOKENS), timeout) or {}
+    drafted = totals.get(SPEC_DRAFT_TOKENS)
+    return totals[SPEC_ACCEPTED_TOKENS] / drafted if drafted else None
 
 
 # -- small helpers ---------------------------------------------------------------------------------------------

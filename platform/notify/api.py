@@ -367,7 +367,12 @@ def delete_channel(request: HttpRequest, path: Path[ChannelPath]):
     identity = request.auth
     channel = _channel_for(identity, path.channel_id)
     require(identity, channel.project_id, "admin", "managing channels")
-    channel.delete()
+    with transaction.atomic():
+        # Write first, collect after: the write takes the database's write lock (SQLite) or the row's lock
+        # (PostgreSQL), so a delivery the worker queues meanwhile cannot slip in between the collection of the
+        # channel's deliveries and their deletion (SQLite then failed the commit on the foreign key: a 500).
+        ChannelRow.objects.filter(pk=channel.pk).update(enabled=False)
+        channel.delete()
     return Status(204, None)
 
 

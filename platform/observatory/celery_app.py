@@ -23,8 +23,8 @@ app = Celery("observatory")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 
 # The apps whose tasks.py this worker loads (explicit: autodiscovery would import every installed app).
-TASK_MODULES = ("slo.tasks", "alerts.tasks", "notify.tasks")
-QUEUES = ("slo", "alerts", "notify")
+TASK_MODULES = ("slo.tasks", "alerts.tasks", "notify.tasks", "regressions.tasks", "tuning.tasks", "rollouts.tasks")
+QUEUES = ("slo", "alerts", "notify", "regressions", "tuning", "rollouts")
 
 
 def queue_prefix() -> str:
@@ -63,6 +63,9 @@ def beat_schedule() -> dict:
     notify = getattr(settings, "NOTIFY", {})
     deliver_every = float(notify.get("DELIVER_INTERVAL_SECONDS", 10.0))
     prune_every = float(notify.get("PRUNE_INTERVAL_SECONDS", 3600.0))
+    sweep_every = float(getattr(settings, "REGRESSIONS", {}).get("SWEEP_INTERVAL_SECONDS", 15.0))
+    tuning_every = float(getattr(settings, "TUNING", {}).get("SWEEP_INTERVAL_SECONDS", 15.0))
+    rollouts_every = float(getattr(settings, "ROLLOUTS", {}).get("SWEEP_INTERVAL_SECONDS", 5.0))
     # A tick that waited in the broker (worker down or busy) expires: the next one does the same work. Not
     # sooner than 30 s, so that a slow broker poll under load does not discard every short-interval tick.
     def options(queue: str, interval: float) -> dict:
@@ -78,6 +81,11 @@ def beat_schedule() -> dict:
                                "options": options("notify", deliver_every)},
         "notify-prune-deliveries": {"task": "notify.prune_deliveries", "schedule": prune_every,
                                     "options": options("notify", prune_every)},
+        "regressions-sweep": {"task": "regressions.sweep", "schedule": sweep_every,
+                              "options": options("regressions", sweep_every)},
+        "tuning-sweep": {"task": "tuning.sweep", "schedule": tuning_every, "options": options("tuning", tuning_every)},
+        "rollouts-sweep": {"task": "rollouts.sweep", "schedule": rollouts_every,
+                           "options": options("rollouts", rollouts_every)},
     }
 
 

@@ -169,3 +169,46 @@ def fleet_state() -> dict:
     if snapshot is not None:
         return {"running": True, "fleet": snapshot}
     return {"running": False, "fleet": None, "last_state": read_state_file(spec.run_dir)}
+
+
+class FleetUnavailable(RuntimeError):
+    """No fleet controller answers (not started, stopped, restarting), or the fleet file cannot be read."""
+
+
+def fleet_control(method: str, path: str, body: dict | None = None, *, timeout: float = 10.0) -> tuple[int, dict]:
+    """One call to the fleet controller's control API: (HTTP status, JSON body). Raises FleetUnavailable, with the
+    reason, when no controller answers."""
+    import json
+    from urllib import error as urlerror
+    from urllib import request as urlrequest
+
+    from engine.launcher.cli import default_fleet_file
+    from engine.launcher.fleet import CONTROL_TOKEN_FILE, FleetSpec, FleetSpecError
+
+    env = dict(os.environ)
+    if not env.get("ENGINE_FLEET"):
+        env.setdefault("ENGINE_RUN_DIR", str(Path(settings.DATA_DIR) / "engine"))
+    try:
+        spec = FleetSpec.load(default_fleet_file(), env=env)
+    except FleetSpecError as exc:
+        raise FleetUnavailable(f"the fleet file cannot be read: {'; '.join(exc.problems)}") from None
+    try:
+        token = (spec.run_dir / CONTROL_TOKEN_FILE).read_text(encoding="utf-8").strip()
+    except OSError:
+        raise FleetUnavailable(f"no fleet controller has run in {spec.run_dir} (no control token)") from None
+    data = json.dumps(body).encode() if body is not None else None
+    req = urlrequest.Request(spec.control_url + path, data=data, method=method,
+                             headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
+    try:
+        with urlrequest.urlopen(req, timeout=timeout) as response:
+            status, raw = response.status, response.read()
+    except urlerror.HTTPError as exc:
+        status, raw = exc.code, exc.read()
+    except (urlerror.URLError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise FleetUnavailable(f"the fleet controller at {spec.control_url} does not answer ({reason})") from None
+    try:
+        payload = json.loads(raw or b"{}")
+    except ValueError:
+        payload = {"error": raw[:300].decode("utf-8", "replace")}
+    return status, payload if isinstance(payload, dict) else {"value": payload}

@@ -67,6 +67,9 @@ INSTALLED_APPS = [
     "slo",
     "alerts",
     "notify",
+    "regressions",
+    "tuning",
+    "rollouts",
     "observatory",
     # The web dashboard (top-level dashboards/): server-rendered pages over the same data and roles as the API.
     "dashboards",
@@ -254,6 +257,52 @@ SLO = {
     "SETTLE_SECONDS": envfloat("SLO_SETTLE_SECONDS", 120.0),
     "BUILD_BUDGET_SECONDS": envfloat("SLO_BUILD_BUDGET_SECONDS", 20.0),
     "STATUS_RETENTION_DAYS": envint("SLO_STATUS_RETENTION_DAYS", 90),
+}
+
+# Golden datasets and regression runs (platform/regressions, docs/regressions.md).
+REGRESSIONS = {
+    # Seconds without a heartbeat after which a running run is taken to have lost its worker and is resumed.
+    "STALE_SECONDS": envfloat("REGRESSIONS_STALE_SECONDS", 60.0),
+    # A queued run not taken by a worker within this many seconds is enqueued again by the sweep.
+    "QUEUED_GRACE_SECONDS": envfloat("REGRESSIONS_QUEUED_GRACE_SECONDS", 30.0),
+    "SWEEP_INTERVAL_SECONDS": envfloat("REGRESSIONS_SWEEP_INTERVAL_SECONDS", 15.0),
+    # How long the analysis waits for the decomposed rows of the last requests (usually ~1 s).
+    "ROW_WAIT_SECONDS": envfloat("REGRESSIONS_ROW_WAIT_SECONDS", 30.0),
+    # A target whose requests show no engine figures this long into that wait is taken as untraced.
+    "UNTRACED_GRACE_SECONDS": envfloat("REGRESSIONS_UNTRACED_GRACE_SECONDS", 5.0),
+    "MAX_REQUESTS": envint("REGRESSIONS_MAX_REQUESTS", 200_000),
+    # How long a starting (or resumed) run waits for its target to answer before it ends in error.
+    "TARGET_WAIT_SECONDS": envfloat("REGRESSIONS_TARGET_WAIT_SECONDS", 60.0),
+    # The managed fleet's gateway for group targets (default: from the fleet file, as `manage.py engine`).
+    "GATEWAY_URL": env("REGRESSIONS_GATEWAY_URL", ""),
+    # Where a run's client spans go (OTLP/HTTP /v1/traces of this platform); default: the web port
+    # (OBSERVATORY_HTTP_BIND, or what runplatform serves on). Workers in other processes need it in server mode.
+    "OTLP_ENDPOINT": env("REGRESSIONS_OTLP_ENDPOINT", ""),
+}
+
+# Tuning studies (platform/tuning, docs/tuning.md).
+TUNING = {
+    # Seconds without a heartbeat after which a study's worker is taken as gone and the study resumed.
+    "STALE_SECONDS": envfloat("TUNING_STALE_SECONDS", 60.0),
+    "QUEUED_GRACE_SECONDS": envfloat("TUNING_QUEUED_GRACE_SECONDS", 30.0),
+    "SWEEP_INTERVAL_SECONDS": envfloat("TUNING_SWEEP_INTERVAL_SECONDS", 15.0),
+    "MAX_TRIALS": envint("TUNING_MAX_TRIALS", 1000),
+    # Workers that run one study's trials at once (Celery tasks `tuning.trials` beside the study's own): in
+    # embedded mode the in-process worker's threads share one interpreter, so 1; more with worker processes.
+    "PARALLEL_TRIALS": envint("TUNING_PARALLEL_TRIALS", 1 if EMBEDDED_MODE else 2),
+    # The confirmation replay's highest rate (requests/s): real-time simulated replicas share this host's CPUs.
+    "CONFIRM_MAX_RATE": envfloat("TUNING_CONFIRM_MAX_RATE", 20.0),
+    "CONFIRM_ITEMS": envint("TUNING_CONFIRM_ITEMS", 200),
+}
+
+# Rollouts (platform/rollouts, docs/rollouts.md).
+ROLLOUTS = {
+    # The beat's clock of canary steps: every active rollout is advanced this often.
+    "SWEEP_INTERVAL_SECONDS": envfloat("ROLLOUTS_SWEEP_INTERVAL_SECONDS", 5.0),
+    # How long one worker may hold a rollout's tick before another may take it (a worker that died mid-tick).
+    "TICK_LEASE_SECONDS": envfloat("ROLLOUTS_TICK_LEASE_SECONDS", 60.0),
+    # How long the fleet controller may be unreachable (a restart) before the rollout pauses with that reason.
+    "FLEET_GRACE_SECONDS": envfloat("ROLLOUTS_FLEET_GRACE_SECONDS", 60.0),
 }
 
 # Notification channels and webhook delivery (platform/notify, docs/notify.md).

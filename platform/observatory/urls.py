@@ -10,12 +10,16 @@ from .api import api, paths
 def _routers():
     from alerts.api import router as alerts
     from notify.api import router as channels
+    from regressions.api import router as regressions
+    from rollouts.api import router as rollouts
     from slo.api import router as slos
     from traces.api import router as requests
+    from tuning.api import router as tuning
 
     from .engine_api import router as engine
 
-    return (("", requests), ("", engine), ("", slos), ("", alerts), ("", channels))
+    return (("", requests), ("", engine), ("", slos), ("", alerts), ("", channels), ("", regressions), ("", tuning),
+            ("", rollouts))
 
 
 paths(_routers())

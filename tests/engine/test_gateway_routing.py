@@ -130,3 +130,34 @@ def test_weights_and_upstreams_change_at_run_time():
             await replica.stop()
 
     run(scenario())
+
+
+def test_x_engine_group_pins_a_group_even_at_weight_zero_and_never_falls_back():
+    async def scenario():
+        a, drained = FakeReplica("a"), FakeReplica("d")
+        for replica in (a, drained):
+            await replica.start()
+        async with gateway(groups(("baseline", 100, [a]), ("canary", 0, [drained]))) as gw:
+            async with aiohttp.ClientSession() as session:
+                for _ in range(10):
+                    async with session.post(gw.url + "/v1/chat/completions", json=chat(),
+                                            headers={"X-Engine-Group": "canary"}) as resp:
+                        assert resp.status == 200, await resp.text()
+                        await resp.read()
+                async with session.post(gw.url + "/v1/chat/completions", json=chat(),
+                                        headers={"X-Engine-Group": "nope"}) as resp:
+                    unknown = resp.status, await resp.json()
+                await drained.stop()
+                async with session.post(gw.url + "/v1/chat/completions", json=chat(),
+                                        headers={"X-Engine-Group": "canary"}) as resp:
+                    down = resp.status
+        await a.stop()
+        return len(a.requests), len(drained.requests), unknown, down
+
+    to_a, to_drained, unknown, down = run(scenario())
+    assert (to_a, to_drained) == (0, 10)
+    assert unknown[0] == 400 and unknown[1]["error"]["code"] == "unknown_group" and "canary" in unknown[1]["error"]["message"]
+    assert down == 503  # the pinned group is down: no fallback to the baseline group
+    table = RouteTable([GroupSpec("baseline", 1, ("http://a",)), GroupSpec("drained", 0, ("http://e",))])
+    assert table.pick("m", "drained", pinned=True).url == "http://e"
+    assert table.pick("m", "missing", pinned=True) is None

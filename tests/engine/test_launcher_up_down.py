@@ -192,6 +192,59 @@ def test_fleet_up_traffic_config_change_crash_and_down(tmp_path, capsys):
     assert main(["down", "--fleet", str(fleet)]) == 0  # idempotent
 
 
+def test_groups_added_at_run_time_serve_pinned_traffic_then_are_drained_away(tmp_path, capsys):
+    """A rollout's canary: PUT /fleet/groups/{name} starts a group from another's backend and model with its own
+    config, at weight 0 (reached through X-Engine-Group only), then with a weight; DELETE drains and stops it."""
+    fleet, urls = write_fleet(tmp_path)
+    try:
+        assert main(["up", "--fleet", str(fleet), "--detach", "--timeout", "60"]) == 0
+        body = {"base": "baseline", "config": {"model": MODEL, "max_num_seqs": 64}, "weight": 0}
+        for bad, status, needle in [({**body, "base": "ghost"}, 404, "no group 'ghost'"),
+                                    ({"config": {}}, 400, "body must be"),
+                                    ({**body, "replicas": 0}, 400, "replicas"),
+                                    ({**body, "config": {"max_num_seqs": -1}}, 400, "invalid engine config")]:
+            answer = control(urls, "PUT", "/fleet/groups/baseline-canary-1", bad)
+            assert answer[0] == status and needle in answer[1]["error"], (bad, answer)
+        assert control(urls, "PUT", "/fleet/groups/baseline", body)[0] == 409  # a group of the fleet file
+        status, answer = control(urls, "PUT", "/fleet/groups/baseline-canary-1", body)
+        assert status == 201 and answer["group"]["dynamic"] and answer["group"]["base"] == "baseline"
+        assert control(urls, "PUT", "/fleet/groups/baseline-canary-1", body)[0] == 200  # idempotent
+        assert control(urls, "PUT", "/fleet/groups/baseline-canary-1",
+                       {**body, "config": {"model": MODEL, "max_num_seqs": 32}})[0] == 409
+        new = wait_for(lambda: next((r for r in status_json(fleet, capsys)["replicas"]
+                                     if r["group"] == "baseline-canary-1" and r["state"] == "healthy"), None),
+                       30, "the run-time group's replica")
+        # Pinned to it by header although its weight is 0.
+        pinned = urllib.request.Request(urls["gateway"] + "/v1/completions", method="POST",
+                                        data=json.dumps({"model": MODEL, "prompt": "Hi", "max_tokens": 4}).encode(),
+                                        headers={"Content-Type": "application/json",
+                                                 "X-Engine-Group": "baseline-canary-1"})
+        wait_for(lambda: _answers(pinned), 20, "the gateway to route to the new group")
+        assert control(urls, "PUT", "/fleet/weights", {"weights": {"baseline-canary-1": 10}})[0] == 200
+        groups = {g["name"]: g for g in control(urls, "GET", "/fleet")[1]["groups"]}
+        assert groups["baseline-canary-1"]["weight"] == 10 and groups["baseline-canary-1"]["config_version"] == \
+            new["config_version"]
+        assert control(urls, "DELETE", "/fleet/groups/baseline")[0] == 409
+        status, answer = control(urls, "DELETE", "/fleet/groups/baseline-canary-1")
+        assert status == 202 and answer["replicas"] == [new["name"]]
+        assert control(urls, "DELETE", "/fleet/groups/baseline-canary-1") == \
+            (200, {"status": "absent", "group": "baseline-canary-1"})
+        wait_for(lambda: not process_alive(new["pid"], new["start_ticks"]), 30, "the replica to stop")
+        state = status_json(fleet, capsys)
+        assert [g["name"] for g in state["groups"]] == ["baseline", "canary"]
+        assert wait_for(lambda: status_json(fleet, capsys)["state"] == "running", 20, "the fleet to be running")
+    finally:
+        assert main(["down", "--fleet", str(fleet)]) == 0
+
+
+def _answers(request: urllib.request.Request) -> bool:
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status == 200
+    except urllib.error.HTTPError:
+        return False
+
+
 def test_down_cleans_up_after_a_controller_that_died(tmp_path, capsys):
     fleet, urls = write_fleet(tmp_path)
     try:

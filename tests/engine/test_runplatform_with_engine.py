@@ -14,6 +14,8 @@ import urllib.parse
 import pytest
 from observatory.bench.harness import PlatformProcess, free_port, free_port_pair
 
+pytestmark = pytest.mark.mode_dependent  # the platform itself: runs in both modes
+
 
 def _listening(port: int) -> bool:
     with socket.socket() as sock:

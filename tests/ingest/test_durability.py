@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import grpc
+import pytest
 from google.rpc import error_details_pb2, status_pb2
 from observatory.bench.payloads import chain_batch
 from otlp_live_helpers import (
@@ -29,6 +30,9 @@ from otlp_live_helpers import (
     to_otlp_json,
     wait_for,
 )
+
+# Mode-independent (the spool and ClickHouse; the database only looks the key up): CI runs it once, in the embedded suite (tests/conftest.py).
+pytestmark = pytest.mark.mode_independent(suite="embedded")
 
 # The writer would rather wait than write: makes "kill right after the ack" hit un-drained data.
 HOLD_OFF = {"INGEST_WRITER_MAX_DELAY_SECONDS": "30", "INGEST_WRITER_BATCH_SPANS": "100000000"}

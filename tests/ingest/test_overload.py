@@ -20,6 +20,9 @@ from observatory.bench.harness import PlatformProcess
 from observatory.bench.load import RssSampler, Senders
 from otlp_live_helpers import assert_stored_exactly_once, metric_value, metrics_text, readyz, wait_for
 
+# Mode-independent (backpressure of the OTLP receiver; the database only looks the key up): CI runs it once, in the server suite (tests/conftest.py).
+pytestmark = pytest.mark.mode_independent(suite="server")
+
 SMALL_BOUNDS = {
     "INGEST_BACKLOG_MAX_BYTES": str(24_000_000),
     "INGEST_BACKLOG_MAX_SECONDS": "10",

@@ -92,6 +92,19 @@ def test_two_workers_and_a_doubled_beat_deliver_each_exactly_once(transactional_
         ports = [free_port() for _ in range(2)]
         workers = [start_worker(f"w{i}-{queue}", queue, database_url, tmp_path, ports[i]) for i in range(2)]
         try:
+            # Both workers ready (their /metrics is served from worker_ready) before the beats tick: else on a
+            # loaded host one worker may deliver everything before the other has started, and the race is not run.
+            ready_by = time.time() + 120
+            for port in ports:
+                while True:
+                    assert all(w.poll() is None for w in workers), [p.read_text()[-2000:]
+                                                                    for p in tmp_path.glob("*.log")]
+                    try:
+                        scrape(port)
+                        break
+                    except OSError:
+                        assert time.time() < ready_by, "a worker did not become ready in 120 s"
+                        time.sleep(0.2)
             deadline = time.time() + 90
             while time.time() < deadline:
                 for _ in range(2):  # two beats ticking at once

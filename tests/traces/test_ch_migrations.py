@@ -21,6 +21,9 @@ from traces import ch_migrate
 from traces.ch_schema import RenderContext, Table
 from traces.store import ClickHouseStore, TenantFilterMissing, identifier
 
+# Mode-independent (ClickHouse's schema migrations): CI runs it once, in the server suite (tests/conftest.py).
+pytestmark = pytest.mark.mode_independent(suite="server")
+
 ROOT = Path(__file__).resolve().parents[2]
 INITIAL = importlib.import_module("traces.ch_migrations.0001_initial")
 SINGLE = RenderContext(database="observatory")

@@ -16,6 +16,9 @@ from traces.joins import JOIN_WINDOW_NS, join_traces, lookup_values, normalize_i
 
 from collectors.base import LLMCall, Role
 
+# Mode-independent (joins in ClickHouse; the database only looks the key up): CI runs it once, in the server suite (tests/conftest.py).
+pytestmark = pytest.mark.mode_independent(suite="server")
+
 MS = 1_000_000
 RID = "chatcmpl-5f1d2a9c0b7e4e43a1d6c2b8e9f0a1b2"
 

@@ -23,6 +23,9 @@ from observatory.bench.payloads import add_attribute
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from otlp_live_helpers import post_traces, requests_for, to_otlp_json
 
+# Mode-independent (the decomposition in ClickHouse; the database only looks the key up): CI runs it once, in the embedded suite (tests/conftest.py).
+pytestmark = pytest.mark.mode_independent(suite="embedded")
+
 MS = 1_000_000
 CLIENT_KIND, SERVER_KIND, INTERNAL_KIND = 3, 2, 1
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"

@@ -47,13 +47,37 @@
 
   // The x axis spans the range asked for (`since`..`until` of the page's data), whatever the data covers.
   var xRange = null;
+  // Rollout events (overview-data.annotations: {t, label}) drawn as dashed vertical lines on the time series.
+  var marks = [];
 
-  function make(node, series, columns) {
+  function annotate(u) {
+    if (!marks.length) { return; }
+    var ctx = u.ctx, top = u.bbox.top, bottom = u.bbox.top + u.bbox.height;
+    ctx.save();
+    ctx.strokeStyle = "#9a6400";
+    ctx.fillStyle = "#9a6400";
+    ctx.lineWidth = 1;
+    ctx.setLineDash([4, 3]);
+    ctx.font = (10 * devicePixelRatio) + "px sans-serif";
+    marks.forEach(function (m) {
+      var x = Math.round(u.valToPos(m.t, "x", true));
+      if (x < u.bbox.left || x > u.bbox.left + u.bbox.width) { return; }
+      ctx.beginPath();
+      ctx.moveTo(x, top);
+      ctx.lineTo(x, bottom);
+      ctx.stroke();
+      ctx.fillText("#" + m.rollout, x + 3, top + 10 * devicePixelRatio);
+    });
+    ctx.restore();
+  }
+
+  function make(node, series, columns, plain) {
     var width = Math.max(node.clientWidth, 300);
-    var x = {time: true};
-    if (xRange) { x.range = function () { return xRange; }; }
+    var x = {time: !plain};
+    if (xRange && !plain) { x.range = function () { return xRange; }; }
     var opts = {width: width, height: 210, series: series, scales: {x: x},
-                axes: [{}, {size: 56}], legend: {live: true}, cursor: {drag: {x: false, y: false}}};
+                axes: [{}, {size: 56}], legend: {live: true}, cursor: {drag: {x: false, y: false}},
+                hooks: plain ? {} : {draw: [annotate]}};
     node.innerHTML = "";
     var chart = new uPlot(opts, columns, node);
     node.setAttribute("data-drawn", String(columns[0].length));
@@ -90,15 +114,31 @@
     });
   }
 
+  // A regression run's distributions: both arms' ECDFs per metric, x in milliseconds (not time).
+  function drawEcdf(data) {
+    document.querySelectorAll("[data-ecdf]").forEach(function (node) {
+      var d = data[node.getAttribute("data-ecdf")];
+      if (!d || !d.x.length) { return; }
+      var share = function (u, v) { return v == null ? "–" : (100 * v).toFixed(1) + "%"; };
+      make(node, [{label: "ms", value: function (u, v) { return fmt(v) + " ms"; }},
+                  line("baseline", "#7c8da3", null, {value: share, paths: uPlot.paths.stepped({align: 1})}),
+                  line("candidate", "#e6a23c", null, {value: share, paths: uPlot.paths.stepped({align: 1})})],
+           [d.x, d.baseline, d.candidate], true);
+    });
+  }
+
   function draw() {
     charts.forEach(function (c) { c.chart.destroy(); });
     charts = [];
     if (typeof uPlot === "undefined") { return; }
+    var ecdf = read("regression-data");
+    if (ecdf) { drawEcdf(ecdf); return; }
     var slo = read("slo-data");
     if (slo) { xRange = [slo.since, slo.until]; drawSlo(slo); return; }
     var data = read("overview-data");
     if (!data) { return; }
     xRange = [data.since, data.until];
+    marks = data.annotations || [];
     document.querySelectorAll("[data-chart]").forEach(function (node) {
       var kind = node.getAttribute("data-chart");
       if (kind === "rate") {

@@ -36,6 +36,9 @@ class Command(BaseCommand):
         except SpoolInUse as exc:
             raise CommandError(str(exc)) from exc
         server.install_signal_handlers()
+        # What this process serves on, for the code that sends to it (a regression run's client spans); a port 0
+        # or a --http option differ from the setting.
+        settings.HTTP_BIND = f"{server.http_bind.rsplit(':', 1)[0]}:{server.http_port}"
         # Celery worker + beat in this process (OBSERVATORY_INPROCESS_WORKER); stopped with the server, before
         # the trace store closes.
         server.background = start_background()

@@ -1,0 +1,183 @@
+"""Tuning studies in the simulator: `python -m observatory.bench.tuning [--trials 100] [--workloads chat,rag,code]
+[--confirm]`.
+
+The simulator is the testbed (Llama-3.1-8B-Instruct on one simulated H100, vLLM's cost model in virtual time);
+every figure says so. Per workload (ShareGPT-like chat, long-prompt RAG, code completion with shared prefixes),
+each with SLOs typical of it:
+
+- goodput of vLLM's default config and of the study's winner (median − MAD over 5 seeds for both), and their
+  ratio (target ≥ 1.3×);
+- the same budget spent as vLLM's `auto_tune.sh` spends it (a grid of max_num_seqs × max_num_batched_tokens):
+  its best goodput beside ours;
+- wall time of the whole study (search with Optuna's RDB storage in a SQLite file, robust re-scoring) on this
+  machine (target ≤ 10 min for 100 trials);
+- on a smaller space (max_num_seqs × max_num_batched_tokens × n-gram speculation) searched exhaustively:
+  trials a study needs to reach 95% of the grid's best (target ≤ 1/5 of the grid size).
+
+`--confirm` adds the predicted-vs-confirmed figures: a study through a live platform whose fleet runs the
+default config, and its confirmation run on real-time simulated replicas (both arms measured at one rate).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import optuna
+from tuning import search as S
+from tuning.goodput import Slo, goodput
+from tuning.space import check, parse_space
+from tuning.workload import synthetic
+
+from engine.config import EngineConfig
+
+SLOS = {
+    "chat": Slo({"ttft_ms": 200.0, "tpot_ms": 20.0}, 0.95, "chat: TTFT ≤ 200 ms, TPOT ≤ 20 ms"),
+    "rag": Slo({"ttft_ms": 1000.0, "tpot_ms": 30.0}, 0.95, "RAG: TTFT ≤ 1 s, TPOT ≤ 30 ms"),
+    "code": Slo({"ttft_ms": 150.0, "e2e_ms": 1000.0}, 0.95, "code completion: TTFT ≤ 150 ms, e2e ≤ 1 s"),
+}
+SMALL_SPACE = {"max_num_seqs": [8, 16, 32, 64, 128, 256, 512, 1024],
+               "max_num_batched_tokens": [1024, 2048, 4096, 8192, 16384],
+               "speculative_method": ["none", "ngram"], "num_speculative_tokens": [2, 4]}
+
+
+def robust_default(problem: S.Problem, config: EngineConfig) -> dict:
+    [scored] = S.robust(problem, [{"config": config.to_dict(), "score": None}], seeds=5)
+    return scored
+
+
+def study_figures(kind: str, trials: int, storage_dir: Path) -> None:
+    default = EngineConfig()
+    workload = synthetic(kind)
+    slo = SLOS[kind]
+    problem = S.Problem(default, parse_space(None, default), workload, slo)
+    started = time.perf_counter()
+    storage = optuna.storages.RDBStorage(f"sqlite:///{storage_dir / f'{kind}.sqlite3'}")
+    study = optuna.create_study(study_name=kind, storage=storage, directions=S.directions("goodput"),
+                                sampler=S.sampler("goodput", 0))
+    S.search(problem, study, trials)
+    searched = time.perf_counter() - started
+    candidates = []
+    for t in sorted(S.valid_trials(study), key=lambda t: -t.user_attrs["score"])[:5]:
+        candidates.append({"config": t.user_attrs["config"], "score": t.user_attrs["score"]})
+    winner = S.choose(S.robust(problem, candidates, seeds=5))
+    wall = time.perf_counter() - started
+    base = robust_default(problem, default)
+    grid = S.grid_baseline(problem, trials)
+    ratio = winner["robust_score"] / base["robust_score"] if base["robust_score"] > 0 else float("inf")
+    print(f"# {kind}: {slo.source} for {slo.target:.0%}; winner "
+          f"{json.dumps({k: v for k, v in winner['config'].items() if k not in ('model', 'gpu_type')})}")
+    print(f"BENCH tuning_{kind}_default_goodput_rps={base['robust_score']:.2f} req/s (simulated)")
+    print(f"BENCH tuning_{kind}_tuned_goodput_rps={winner['robust_score']:.2f} req/s (simulated)")
+    print(f"BENCH tuning_{kind}_tuned_over_default={ratio:.2f} x (simulated)")
+    if grid["best"]:
+        g = grid["best"]
+        print(f"BENCH tuning_{kind}_autotune_grid_goodput_rps={g['goodput']:.2f} req/s (simulated; {grid['points']} "
+              f"points of max_num_seqs x max_num_batched_tokens, best {g['max_num_seqs']}/"
+              f"{g['max_num_batched_tokens']})")
+    print(f"BENCH tuning_{kind}_study_wall_s={wall:.1f} s ({trials} trials; search {searched:.1f} s, "
+          f"re-scoring {wall - searched:.1f} s)")
+    print(f"BENCH tuning_{kind}_refused_configs={sum(1 for t in study.trials if t.user_attrs.get('valid') is False)} "
+          "(told to Optuna as infeasible, not simulated)")
+
+
+def grid_figures(kind: str, repeats: int) -> None:
+    default = EngineConfig()
+    workload = synthetic(kind)
+    slo = SLOS[kind]
+    space = parse_space(SMALL_SPACE, default)
+    problem = S.Problem(default, space, workload, slo, count=200)
+    started = time.perf_counter()
+    values = []
+    for point in space.grid():
+        config, _ = check(space, default, point)
+        if config is not None:
+            values.append(goodput(config, workload, slo, count=200, precision=problem.precision).goodput)
+    best = max(values)
+    grid_s = time.perf_counter() - started
+    needed = []
+    for seed in range(repeats):
+        study = optuna.create_study(directions=["maximize"], sampler=S.sampler("goodput", seed))
+        reached = None
+        for budget in range(1, len(values) + 1):
+            S.search(problem, study, budget)
+            if study.best_value >= 0.95 * best:
+                reached = len(S.valid_trials(study))
+                break
+        needed.append(reached or len(values))
+    print(f"BENCH tuning_{kind}_grid_size={len(values)} valid points (exhaustive in {grid_s:.0f} s)")
+    print(f"BENCH tuning_{kind}_trials_to_95pct_of_grid_best={statistics.median(needed):.0f} trials (median of "
+          f"{repeats} seeds: {needed}; {statistics.median(needed) / len(values):.2f} of the grid)")
+
+
+def confirm_figures(trials: int) -> None:
+    """A study through a live platform and its confirmation run on real-time simulated replicas."""
+    from observatory.bench.harness import ROOT, PlatformProcess, free_port, free_port_pair
+
+    fleet_text = (
+        "name: bench-tuning\nrun_dir: {run_dir}\ngateway: {{bind: 127.0.0.1:{gateway}}}\n"
+        "control: {{bind: 127.0.0.1:{control}}}\nreplicas: {{host: 127.0.0.1, base_port: {replicas}}}\n"
+        "telemetry: {{otlp_protocol: http/protobuf}}\ngroups:\n"
+        "  - {{name: base, weight: 100, replicas: 1, backend: simulator,\n"
+        "     config: {{model: meta-llama/Llama-3.1-8B-Instruct, gpu_type: H100, tensor_parallel_size: 1}}}}\n")
+    with tempfile.TemporaryDirectory(prefix="bench-tuning-") as tmp:
+        root = Path(tmp)
+        fleet = root / "fleet.yaml"
+        fleet.write_text(fleet_text.format(run_dir=root / "engine", gateway=free_port(), control=free_port(),
+                                           replicas=free_port_pair()))
+        process = PlatformProcess(data_dir=str(root / "data"), args=("--with-engine",),
+                                  extra_env={"ENGINE_FLEET": str(fleet)})
+        try:
+            process.manage("migrate", "-v0")
+            process.manage("create_ingest_key", "--project", "default")
+            process.start(timeout=180)
+            out = root / "study.json"
+            slo = SLOS["chat"]
+            args = [sys.executable, str(ROOT / "manage.py"), "tune", "--project", "default", "--group", "base",
+                    "--workload", "synthetic:chat", "--trials", str(trials), "--json", str(out),
+                    *[f"--slo={k}={v:g}" for k, v in slo.thresholds.items()], "--target", str(slo.target)]
+            done = subprocess.run(args, env=process.env, capture_output=True, text=True, timeout=3600)
+            if done.returncode not in (0, 1):
+                print(done.stdout[-3000:], done.stderr[-3000:])
+                raise SystemExit("the study failed")
+            result = json.loads(out.read_text())
+        finally:
+            process.stop()
+    confirmation = result.get("confirmation") or {}
+    print(f"BENCH tuning_predicted_gain={result.get('predicted_gain') or 0:.2f} x goodput (simulated, virtual time)")
+    if confirmation.get("measured"):
+        m, p = confirmation["measured"], confirmation["predicted_attainment"]
+        print(f"# confirmation run {confirmation['run_id']} at {confirmation['rate']:.2f} req/s on real-time "
+              "simulated replicas")
+        for arm in ("current", "best"):
+            print(f"BENCH tuning_confirm_{arm}_attainment_measured={100 * m[arm]['attainment']:.1f} % "
+                  f"(predicted {100 * p[arm]:.1f} %, gap {100 * (p[arm] - m[arm]['attainment']):+.1f} points)")
+        print(f"BENCH tuning_confirmed_goodput_rps={confirmation.get('confirmed_goodput') or 0:.2f} req/s "
+              f"(predicted {result['best']['goodput']:.2f}; the replay is capped at TUNING_CONFIRM_MAX_RATE)")
+    else:
+        print(f"# confirmation: {confirmation}")
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--trials", type=int, default=100)
+    parser.add_argument("--workloads", default="chat,rag,code")
+    parser.add_argument("--grid-seeds", type=int, default=3)
+    parser.add_argument("--confirm", action="store_true", help="also run a study through a live platform")
+    args = parser.parse_args(argv)
+    print("# the simulator is the testbed: Llama-3.1-8B-Instruct on one simulated H100 (no GPU here)")
+    with tempfile.TemporaryDirectory(prefix="bench-tuning-") as tmp:
+        for kind in args.workloads.split(","):
+            study_figures(kind, args.trials, Path(tmp))
+            grid_figures(kind, args.grid_seeds)
+    if args.confirm:
+        confirm_figures(min(args.trials, 30))
+
+
+if __name__ == "__main__":
+    main()

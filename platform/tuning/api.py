@@ -1,0 +1,206 @@
+"""JSON API of tuning studies (router of observatory.api): viewers read; operators create, cancel and propose.
+
+    GET  /tuning-studies                   studies, newest first
+    POST /tuning-studies                   a new study (checked: group, space, workload, SLO)
+    GET  /tuning-studies/{id}              state, progress, result (explanation, importances, Pareto front,
+                                           robust re-scoring, confirmation)
+    GET  /tuning-studies/{id}/trials       every trial: params, valid or why not, goodput
+    POST /tuning-studies/{id}/cancel       ask it to stop
+    POST /tuning-studies/{id}/propose      hand the winner to a rollout of the group
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any, Literal, Optional
+
+from django.http import HttpRequest
+from ninja import Path, Query, Schema
+from ninja.responses import Status
+from observatory.api import PROJECT_DESCRIPTION, ApiError, ApiRouter, declared, project_for, require
+from observatory.inputs import ProjectName, QueryInt, Text
+from pydantic import ConfigDict, Field, StrictBool, StrictFloat, StrictInt
+
+from . import service
+from .models import TuningStudy
+
+log = logging.getLogger(__name__)
+router = ApiRouter(tags=["tuning"])
+
+
+class NewStudy(Schema):
+    model_config = ConfigDict(extra="forbid")
+    group: Text(100, min_length=1) = Field(..., description="the replica group of the managed fleet to tune")
+    workload: Text(120, min_length=1) = Field(
+        "traffic", description="traffic (the group's recent requests), dataset:NAME or synthetic:chat|rag|code")
+    window_hours: StrictFloat | StrictInt = Field(24, gt=0, le=744, description="traffic window")
+    objective: Literal["goodput", "goodput_per_gpu", "pareto"] = "goodput"
+    space: Optional[dict[str, Any]] = Field(
+        None, description="knob → list of values or {low, high[, log]}; default: docs/tuning.md")
+    trials: StrictInt = Field(60, ge=1, le=1000, description="valid trials (refused configs are not counted)")
+    slo: Optional[dict[str, StrictFloat | StrictInt]] = Field(
+        None, description="thresholds in ms (ttft_ms, tpot_ms, e2e_ms); default: the project's SLOs")
+    target: Optional[StrictFloat] = Field(None, ge=0.5, lt=1, description="share of requests that must meet them")
+    seed: StrictInt = Field(0, ge=0, le=2**31 - 1)
+    confirm: StrictBool = Field(True, description="replay winner and current config on real-time replicas")
+
+
+class ProjectQuery(Schema):
+    project: Optional[ProjectName] = Field(None, description=PROJECT_DESCRIPTION)
+
+
+class StudiesQuery(ProjectQuery):
+    state: Optional[Literal["queued", "searching", "rescoring", "confirming", "done", "failed", "cancelled"]] = None
+    limit: QueryInt(1, 200, "studies returned") = 50
+
+
+class StudyPath(Schema):
+    study_id: QueryInt(1, 2**63 - 1, "study id")
+
+
+class StudyOut(Schema):
+    model_config = ConfigDict(extra="allow")
+    study_id: int
+    id: int
+    project: str
+    group: str
+    state: str
+    objective: str
+    workload: dict[str, Any]
+    slo: dict[str, Any]
+    trials: int
+    current: dict[str, Any]
+    best: Optional[dict[str, Any]] = None
+    pareto: list[dict[str, Any]]
+
+
+class StudyList(Schema):
+    project: str
+    studies: list[StudyOut]
+
+
+class TrialOut(Schema):
+    number: int
+    state: str
+    valid: Optional[bool] = None
+    params: dict[str, Any]
+    goodput: Optional[float] = None
+    score: Optional[float] = None
+    problems: list[str] = []
+    started_at: Optional[str] = Field(None, json_schema_extra={"format": "date-time"})
+    completed_at: Optional[str] = Field(None, json_schema_extra={"format": "date-time"})
+
+
+class TrialList(Schema):
+    study_id: int
+    trials: list[TrialOut]
+
+
+class ProposalOut(Schema):
+    model_config = ConfigDict(extra="allow")
+    study_id: int
+    group: str
+    config: dict[str, Any]
+    config_version: str
+
+
+def _project(identity, name: str | None):
+    from tenancy.models import Project
+
+    return Project.objects.get(id=project_for(identity, name))
+
+
+def _study(identity, study_id: int) -> TuningStudy:
+    study = TuningStudy.objects.select_related("project").filter(
+        id=study_id, project_id__in=list(identity.projects)).first()
+    if study is None:
+        raise ApiError(404, f"no tuning study {study_id} for this token")
+    return study
+
+
+def _iso(value) -> str | None:
+    """Optuna keeps naive local times: as UTC ISO 8601."""
+    if value is None:
+        return None
+    import datetime as dt
+
+    if value.tzinfo is None:
+        value = value.astimezone()
+    return value.astimezone(dt.timezone.utc).isoformat()
+
+
+_LINKS = {"GetStudy": {"operationId": "tuning_api_read_study", "parameters": {"study_id": "$response.body#/id"}}}
+
+
+@router.get("/tuning-studies", response=declared(ok={200: StudyList}), summary="Tuning studies, newest first")
+def list_studies(request: HttpRequest, query: Query[StudiesQuery]):
+    project = _project(request.auth, query.project)
+    studies = TuningStudy.objects.filter(project=project).select_related("project")
+    if query.state:
+        studies = studies.filter(state=query.state)
+    return {"project": project.name, "studies": [service.summary(s) for s in studies.order_by("-id")[: query.limit]]}
+
+
+@router.post("/tuning-studies", response=declared(413, ok={201: StudyOut}),
+             summary="Start a tuning study of a replica group (operators)",
+             openapi_extra={"responses": {201: {"description": "the study, queued", "links": _LINKS}}})
+def create_study(request: HttpRequest, body: NewStudy, query: Query[ProjectQuery]):
+    identity = request.auth
+    project = _project(identity, query.project)
+    require(identity, project.id, "operator", "starting a tuning study")
+    try:
+        study = service.create_study(
+            project, group=body.group, workload=body.workload, objective=body.objective, space=body.space,
+            trials=body.trials, slo=body.slo, target=body.target, seed=body.seed, confirm=body.confirm,
+            window_hours=float(body.window_hours), created_by=identity.username)
+    except service.StudyError as exc:
+        raise ApiError(400, str(exc), problems=[{"field": exc.field or "body", "location": "body", "reason": p}
+                                                for p in exc.problems]) from None
+    log.info("tuning study %s of %s/%s started by %s", study.id, project.name, body.group, identity.username)
+    return Status(201, service.summary(_study(identity, study.id)))
+
+
+@router.get("/tuning-studies/{study_id}", response=declared(ok={200: StudyOut}),
+            summary="A study: progress and result (explanation, importances, Pareto front, confirmation)")
+def read_study(request: HttpRequest, path: Path[StudyPath]):
+    return service.summary(_study(request.auth, path.study_id), detail=True)
+
+
+@router.get("/tuning-studies/{study_id}/trials", response=declared(ok={200: TrialList}),
+            summary="The study's trials: parameters, whether vLLM would accept them, goodput")
+def list_trials(request: HttpRequest, path: Path[StudyPath]):
+    study = _study(request.auth, path.study_id)
+    try:
+        ostudy = service.optuna_study(study)
+    except KeyError:
+        return {"study_id": study.id, "trials": []}
+    out = []
+    for t in ostudy.get_trials(deepcopy=False):
+        out.append({"number": t.number, "state": t.state.name.lower(), "valid": t.user_attrs.get("valid"),
+                    "params": t.params, "goodput": t.user_attrs.get("goodput"), "score": t.user_attrs.get("score"),
+                    "problems": t.user_attrs.get("problems") or [],
+                    "started_at": _iso(t.datetime_start), "completed_at": _iso(t.datetime_complete)})
+    return {"study_id": study.id, "trials": out}
+
+
+@router.post("/tuning-studies/{study_id}/cancel", response=declared(409, ok={202: StudyOut}),
+             summary="Ask a study to stop (operators)")
+def cancel_study(request: HttpRequest, path: Path[StudyPath]):
+    identity = request.auth
+    study = _study(identity, path.study_id)
+    require(identity, study.project_id, "operator", "cancelling a tuning study")
+    if not service.cancel(study):
+        raise ApiError(409, f"study {study.id} has already ended ({study.state})")
+    return Status(202, service.summary(_study(identity, study.id)))
+
+
+@router.post("/tuning-studies/{study_id}/propose", response=declared(409, ok={201: ProposalOut}),
+             summary="Propose the study's winner as a rollout of its group (operators)")
+def propose(request: HttpRequest, path: Path[StudyPath]):
+    identity = request.auth
+    study = _study(identity, path.study_id)
+    require(identity, study.project_id, "operator", "proposing a rollout")
+    try:
+        proposal = service.propose(study, by=identity.username)
+    except service.StudyError as exc:
+        raise ApiError(409, str(exc)) from None
+    return Status(201, proposal)

@@ -1,0 +1,87 @@
+"""Tuning studies: what is tuned (group, workload, objective, space), how far it got, and what it found.
+
+The trials themselves live in Optuna's tables (RDB storage in the same database), named
+``tuning-<study id>``; the study row holds the lease of the worker executing it, the
+progress, and the result (best config, robust re-scoring, explanation, confirmation).
+"""
+from django.db import models
+from django.utils import timezone
+
+
+class StudyState(models.TextChoices):
+    QUEUED = "queued"
+    SEARCHING = "searching"
+    RESCORING = "rescoring"
+    CONFIRMING = "confirming"
+    DONE = "done"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+ACTIVE_STATES = (StudyState.QUEUED, StudyState.SEARCHING, StudyState.RESCORING, StudyState.CONFIRMING)
+
+
+class Objective(models.TextChoices):
+    GOODPUT = "goodput", "SLO goodput (requests/s)"
+    GOODPUT_PER_GPU = "goodput_per_gpu", "SLO goodput per GPU"
+    PARETO = "pareto", "goodput against p99 TTFT (Pareto front)"
+
+
+class TuningStudy(models.Model):
+    project = models.ForeignKey("tenancy.Project", on_delete=models.CASCADE, related_name="tuning_studies")
+    group = models.CharField(max_length=100)
+    objective = models.CharField(max_length=20, choices=Objective.choices, default=Objective.GOODPUT)
+    current_config = models.JSONField()
+    workload = models.JSONField()  # tuning.workload.Workload.to_dict(), samples included
+    slo = models.JSONField()  # thresholds, target share, where they came from
+    space = models.JSONField()
+    trials = models.PositiveIntegerField(default=60)  # valid trials to run
+    seed = models.PositiveIntegerField(default=0)
+    confirm = models.BooleanField(default=True)  # replay winner vs current on real-time replicas
+    state = models.CharField(max_length=16, choices=StudyState.choices, default=StudyState.QUEUED)
+    phase = models.CharField(max_length=200, blank=True, default="")
+    trials_done = models.PositiveIntegerField(default=0)
+    # Valid trials reserved by workers (running or done): a worker takes a slot before it asks Optuna for a point,
+    # so workers sharing a study never run more than `trials` valid trials between them.
+    slots_taken = models.PositiveIntegerField(default=0)
+    invalid_trials = models.PositiveIntegerField(default=0)
+    retried_trials = models.PositiveIntegerField(default=0)
+    best_score = models.FloatField(null=True, blank=True)
+    result = models.JSONField(default=dict)
+    error = models.TextField(blank=True, default="")
+    confirmation_run = models.ForeignKey("regressions.RegressionRun", null=True, blank=True,
+                                         on_delete=models.SET_NULL, related_name="+")
+    proposal = models.JSONField(null=True, blank=True)  # the winner proposed as a rollout
+    cancel_requested = models.BooleanField(default=False)
+    lease = models.CharField(max_length=32, blank=True, default="")
+    heartbeat_at = models.DateTimeField(null=True, blank=True)
+    attempts = models.PositiveIntegerField(default=0)
+    created_by = models.CharField(max_length=150, blank=True, default="")
+    created_at = models.DateTimeField(default=timezone.now)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        indexes = [models.Index(fields=["project", "-created_at"]), models.Index(fields=["state"])]
+
+    @property
+    def optuna_name(self) -> str:
+        return f"tuning-{self.id}"
+
+    def __str__(self) -> str:
+        return f"tuning study {self.id} ({self.group})"
+
+
+class TrialLease(models.Model):
+    """A valid trial a worker is simulating: the worker beats its heartbeat; a stale lease means the worker died,
+    and whoever finds it fails the Optuna trial, enqueues its point again and frees the slot."""
+
+    study = models.ForeignKey(TuningStudy, on_delete=models.CASCADE, related_name="trial_leases")
+    trial_id = models.BigIntegerField()  # Optuna's storage id of the trial
+    number = models.PositiveIntegerField()
+    worker = models.CharField(max_length=32)
+    heartbeat_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["study", "trial_id"], name="tuning_trial_lease_unique")]

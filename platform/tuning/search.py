@@ -1,0 +1,307 @@
+"""The search of a tuning study: Optuna ask-and-tell over the space, scored by SLO goodput in the simulator.
+
+Single-objective studies (``goodput``, ``goodput_per_gpu``) use TPE with constraints;
+``pareto`` (goodput against p99 TTFT at the workload's peak rate) uses NSGA-II. A point
+vLLM would refuse (``space.check``: the config's own validation and the simulator's memory
+plan) is told to Optuna as infeasible (constraint value 1) without simulating, and does not
+count against the trial budget, so no trial is spent on it. Trials left RUNNING by a worker
+that died (Optuna's heartbeat does not cover ask-and-tell) are failed and their points
+enqueued again by ``recover``.
+
+After the search the best candidates (and the current config) are scored again over several
+seeds (other arrival orders and length draws); the robust score is median − MAD, as vLLM's
+``tune_speculative_k`` ranks; among candidates within 2% of the best robust score the one
+closest to the current config (fewest changed knobs) wins.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import statistics as stats_lib
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import optuna
+
+from engine.config import EngineConfig
+
+from .goodput import Goodput, Slo, goodput, measure
+from .space import Space, check, distance
+from .workload import Workload
+
+log = logging.getLogger(__name__)
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+warnings.filterwarnings("ignore", message="PedAnovaImportanceEvaluator computes")
+
+OBJECTIVES = ("goodput", "goodput_per_gpu", "pareto")
+NEAR_EQUAL = 0.02
+MAX_INVALID_PER_TRIAL = 50
+
+
+@dataclasses.dataclass
+class Problem:
+    current: EngineConfig
+    space: Space
+    workload: Workload
+    slo: Slo
+    objective: str = "goodput"
+    seed: int = 0
+    count: int = 400  # simulated requests per rate
+    precision: float = 0.03  # relative width the goodput search stops at
+
+    def score(self, result: Goodput, config: EngineConfig) -> float:
+        if self.objective == "goodput_per_gpu":
+            return result.goodput / config.tensor_parallel_size
+        return result.goodput
+
+    def reference_rate(self) -> float:
+        return max(self.workload.peak_rate, 0.01)
+
+
+def _constraints(trial: optuna.trial.FrozenTrial) -> tuple[float]:
+    return (float(trial.user_attrs.get("constraint", 0.0)),)
+
+
+def sampler(objective: str, seed: int) -> optuna.samplers.BaseSampler:
+    with warnings.catch_warnings():  # constraints_func and multivariate are marked experimental
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        if objective == "pareto":
+            return optuna.samplers.NSGAIISampler(seed=seed, constraints_func=_constraints, population_size=20)
+        return optuna.samplers.TPESampler(seed=seed, constraints_func=_constraints, multivariate=True,
+                                          n_startup_trials=10)
+
+
+def directions(objective: str) -> list[str]:
+    return ["maximize", "minimize"] if objective == "pareto" else ["maximize"]
+
+
+def evaluate(problem: Problem, point: dict[str, Any], start: float | None = None) -> dict[str, Any]:
+    """Check and score one point: {"valid": False, "problems"} or the config, goodput and its measures."""
+    config, problems = check(problem.space, problem.current, point)
+    if config is None:
+        return {"valid": False, "problems": problems}
+    result = goodput(config, problem.workload, problem.slo, seed=problem.seed, count=problem.count,
+                     precision=problem.precision, start=start)
+    out = {"valid": True, "config": config.to_dict(), "goodput": result.goodput,
+           "score": problem.score(result, config), "best_attainment": result.best_attainment,
+           "at": result.at.to_dict() if result.at else None, "evaluations": result.evaluations}
+    if problem.objective == "pareto":
+        peak = measure(config, problem.workload, problem.slo, problem.reference_rate(), count=problem.count,
+                       seed=problem.seed)
+        out["ttft_p99_at_peak"] = peak.ttft_p99 if math.isfinite(peak.ttft_p99) else 1e9
+    return out
+
+
+def recover(study: optuna.Study, trial_ids: set[int] | None = None) -> int:
+    """Fail trials a dead worker left RUNNING (all, or those with these storage ids) and enqueue their points
+    again; returns how many."""
+    storage = study._storage
+    count = 0
+    for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+        if trial_ids is not None and trial._trial_id not in trial_ids:
+            continue
+        storage.set_trial_state_values(trial._trial_id, optuna.trial.TrialState.FAIL)
+        if trial.params:
+            study.enqueue_trial(trial.params, user_attrs={"retry_of": trial.number}, skip_if_exists=False)
+        count += 1
+    return count
+
+
+def valid_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
+    return [t for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+            if t.user_attrs.get("valid")]
+
+
+def seed_start(problem: Problem, study: optuna.Study) -> None:
+    """First the points nearest vLLM's defaults and the current config: TPE starts from what runs today."""
+    if study.get_trials(deepcopy=False):
+        return
+    seen = []
+    for config in (EngineConfig(model=problem.current.model, gpu_type=problem.current.gpu_type,
+                                tensor_parallel_size=problem.current.tensor_parallel_size), problem.current):
+        point = problem.space.nearest(config)
+        if point and point not in seen:
+            seen.append(point)
+            study.enqueue_trial(point, user_attrs={"seeded_from": "vLLM defaults" if len(seen) == 1 else
+                                                   "current config"})
+
+
+@dataclasses.dataclass
+class Outcome:
+    """One valid trial run to its end (``result`` None when stopped first) and the refused points asked before."""
+
+    result: dict[str, Any] | None
+    invalid: int
+    trial_number: int | None = None
+
+
+def run_one(problem: Problem, study: optuna.Study, *, best: float | None = None, max_invalid: int = 1000,
+            on_start: Callable[[optuna.trial.Trial], None] | None = None,
+            should_stop: Callable[[], bool] | None = None) -> Outcome:
+    """Ask until a point vLLM would accept comes (refused ones are told as infeasible at once, not simulated),
+    score it and tell it. ``on_start`` sees the valid trial before it is simulated (a worker's lease)."""
+    invalid = 0
+    while True:
+        if should_stop and should_stop():
+            return Outcome(None, invalid)
+        if invalid > max_invalid:
+            raise RuntimeError(f"{invalid} points in a row were configurations vLLM refuses: narrow the space to "
+                               "values that fit together")
+        trial = study.ask()
+        point = problem.space.suggest(trial)
+        config, problems = check(problem.space, problem.current, point)
+        if config is None:
+            trial.set_user_attr("valid", False)
+            trial.set_user_attr("constraint", 1.0)
+            trial.set_user_attr("problems", problems[:3])
+            study.tell(trial, [0.0, 1e9] if problem.objective == "pareto" else [0.0])
+            invalid += 1
+            continue
+        if on_start:
+            on_start(trial)
+        result = evaluate(problem, point, start=best)
+        trial.set_user_attr("valid", True)
+        trial.set_user_attr("constraint", 0.0)
+        for key in ("config", "goodput", "score", "best_attainment", "at", "evaluations", "ttft_p99_at_peak"):
+            if key in result:
+                trial.set_user_attr(key, result[key])
+        values = [result["score"], result["ttft_p99_at_peak"]] if problem.objective == "pareto" else \
+            [result["score"]]
+        study.tell(trial, values)
+        return Outcome(result, invalid, trial.number)
+
+
+def search(problem: Problem, study: optuna.Study, budget: int, *,
+           progress: Callable[[int, int, float | None], None] | None = None,
+           should_stop: Callable[[], bool] | None = None) -> None:
+    """Ask and tell until ``budget`` valid trials are complete (resuming where the study is), in this thread."""
+    seed_start(problem, study)
+    invalid = sum(1 for t in study.get_trials(deepcopy=False) if t.user_attrs.get("valid") is False)
+    done = len(valid_trials(study))
+    best = max((t.user_attrs["score"] for t in valid_trials(study)), default=None)
+    while done < budget:
+        outcome = run_one(problem, study, best=best, should_stop=should_stop,
+                          max_invalid=MAX_INVALID_PER_TRIAL * budget)
+        invalid += outcome.invalid
+        if outcome.result is None:
+            return
+        done += 1
+        score = outcome.result["score"]
+        best = score if best is None else max(best, score)
+        if progress:
+            progress(done, invalid, best)
+
+
+def robust(problem: Problem, candidates: list[dict[str, Any]], seeds: int = 5) -> list[dict[str, Any]]:
+    """Re-score each candidate ({"config", "score"}) over ``seeds`` seeds: median, MAD and median − MAD."""
+    out = []
+    for candidate in candidates:
+        config = EngineConfig.from_dict(candidate["config"])
+        scores = []
+        for seed in range(1, seeds + 1):
+            result = goodput(config, problem.workload, problem.slo, seed=problem.seed + 1000 * seed,
+                             count=problem.count, precision=problem.precision, start=candidate.get("score") or None)
+            scores.append(problem.score(result, config))
+        median = stats_lib.median(scores)
+        mad = stats_lib.median(abs(s - median) for s in scores)
+        out.append({**candidate, "seed_scores": [round(s, 4) for s in scores], "median": median, "mad": mad,
+                    "robust_score": median - mad,
+                    "distance": distance(config, problem.current)})
+    return out
+
+
+def choose(rescored: list[dict[str, Any]]) -> dict[str, Any]:
+    """The highest robust score, or among those within 2% of it the one closest to the current config."""
+    top = max(c["robust_score"] for c in rescored)
+    near = [c for c in rescored if c["robust_score"] >= top * (1 - NEAR_EQUAL)]
+    return min(near, key=lambda c: (c["distance"], -c["robust_score"]))
+
+
+def explain(problem: Problem, current: EngineConfig, winner: EngineConfig, rate: float) -> dict[str, Any]:
+    """Both configs at one rate (the current config's goodput): where the time goes and why it differs."""
+    if rate <= 0:
+        rate = problem.workload.rate or 1.0
+    a = measure(current, problem.workload, problem.slo, rate, count=problem.count, seed=problem.seed)
+    b = measure(winner, problem.workload, problem.slo, rate, count=problem.count, seed=problem.seed)
+    changes = []
+    for label, key in (("queue", "mean_queue_ms"), ("prefill", "mean_prefill_ms"), ("decode", "mean_decode_ms")):
+        before, after = getattr(a, key), getattr(b, key)
+        changes.append({"component": label, "current_ms": round(before, 2), "best_ms": round(after, 2),
+                        "change_ms": round(after - before, 2)})
+    reasons = []
+    biggest = min(changes, key=lambda c: c["change_ms"])
+    if biggest["change_ms"] < 0:
+        reasons.append(f"mean {biggest['component']} time falls {-biggest['change_ms']:.1f} ms "
+                       f"({biggest['current_ms']:.1f} → {biggest['best_ms']:.1f} ms) at {rate:.2f} req/s")
+    if a.preemptions != b.preemptions:
+        reasons.append(f"preemptions {a.preemptions} → {b.preemptions}")
+    if abs(a.mean_kv_usage - b.mean_kv_usage) > 0.02:
+        reasons.append(f"mean KV-cache usage {a.mean_kv_usage:.0%} → {b.mean_kv_usage:.0%}")
+    if b.spec_acceptance is not None or a.spec_acceptance is not None:
+        fmt = lambda v: "off" if v is None else f"{v:.0%} accepted"  # noqa: E731
+        reasons.append(f"speculative decoding {fmt(a.spec_acceptance)} → {fmt(b.spec_acceptance)}")
+    reasons.append(f"SLO attainment at {rate:.2f} req/s {a.attainment:.1%} → {b.attainment:.1%}")
+    return {"rate": round(rate, 4), "current": a.to_dict(), "best": b.to_dict(), "components": changes,
+            "reasons": reasons,
+            "diff": {k: {"current": v[1], "best": v[0]} for k, v in winner.diff(current).items()}}
+
+
+def importances(study: optuna.Study) -> dict[str, float]:
+    """Optuna's PED-ANOVA importances of the knobs over the valid trials ({} when too few or all equal).
+    (fANOVA, Optuna's default evaluator, needs scikit-learn; PED-ANOVA needs nothing more and is fast.)"""
+    trials = valid_trials(study)
+    if len(trials) < 4 or len({t.values[0] for t in trials}) < 2:
+        return {}
+    try:
+        values = optuna.importance.get_param_importances(
+            study, evaluator=optuna.importance.PedAnovaImportanceEvaluator(),
+            target=lambda t: -t.values[0])  # PED-ANOVA explains low values: the negated score
+    except (RuntimeError, ValueError, ZeroDivisionError) as exc:
+        log.info("importances not computed: %s", exc)
+        return {}
+    return {k: round(float(v), 4) for k, v in values.items() if v == v}
+
+
+def pareto(study: optuna.Study, problem: Problem) -> list[dict[str, Any]]:
+    """Non-dominated valid trials: goodput up, p99 TTFT at peak down (p99 TTFT from the goodput rate when
+    the study is single-objective)."""
+    points = []
+    for t in valid_trials(study):
+        ttft = t.user_attrs.get("ttft_p99_at_peak")
+        if ttft is None:
+            ttft = (t.user_attrs.get("at") or {}).get("ttft_p99")
+        if ttft is None:
+            continue
+        points.append({"trial": t.number, "goodput": t.user_attrs["goodput"], "score": t.user_attrs["score"],
+                       "ttft_p99_ms": ttft, "params": t.params})
+    front = [p for p in points if not any(
+        (q["score"] >= p["score"] and q["ttft_p99_ms"] <= p["ttft_p99_ms"]) and
+        (q["score"] > p["score"] or q["ttft_p99_ms"] < p["ttft_p99_ms"]) for q in points)]
+    return sorted(front, key=lambda p: -p["score"])
+
+
+def grid_baseline(problem: Problem, budget: int) -> dict[str, Any]:
+    """The same budget spent as vLLM's auto_tune.sh spends it: a grid of max_num_seqs × max_num_batched_tokens
+    (speculative decoding and the other knobs left as they are); its best valid point."""
+    seqs = [16, 32, 64, 128, 256, 512, 1024]
+    tokens = [512, 1024, 2048, 4096, 8192, 16384]
+    grid = [(s, t) for s in seqs for t in tokens if t >= s]
+    step = max(1, math.ceil(len(grid) / max(budget, 1)))
+    chosen = grid[::step][:budget]
+    best = None
+    evaluated = 0
+    space = Space({"max_num_seqs": seqs, "max_num_batched_tokens": tokens})
+    for s, t in chosen:
+        config, problems = check(space, problem.current, {"max_num_seqs": s, "max_num_batched_tokens": t})
+        if config is None:
+            continue
+        evaluated += 1
+        result = goodput(config, problem.workload, problem.slo, seed=problem.seed, count=problem.count,
+                         precision=problem.precision, start=best["goodput"] if best else None)
+        score = problem.score(result, config)
+        if best is None or score > best["score"]:
+            best = {"max_num_seqs": s, "max_num_batched_tokens": t, "goodput": result.goodput, "score": score}
+    return {"points": evaluated, "best": best}

@@ -1,0 +1,119 @@
+"""The rollout state machine against the metadata database, without a fleet: conditional transitions (a stale
+writer loses), a fleet that cannot be reached pauses the rollout with that reason, a rollback is notified through
+the project's channels even when the fleet is away (its clean-up stays pending, retried by the sweep), the
+alert diagnosis names the rollout, the overview's annotations."""
+from __future__ import annotations
+
+import datetime as dt
+import socket
+
+import pytest
+from django.utils import timezone
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def unreachable_fleet(tmp_path, monkeypatch):
+    """A fleet file whose controller is not running (its control port refuses), with a control token."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    run_dir = tmp_path / "engine"
+    run_dir.mkdir()
+    (run_dir / "control.token").write_text("t" * 43)
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text(f"""
+name: away
+run_dir: {run_dir}
+control: {{bind: "127.0.0.1:{port}"}}
+gateway: {{bind: "127.0.0.1:{port + 1 if port < 65535 else port - 1}"}}
+groups:
+  - {{name: base, weight: 1, replicas: 1, backend: simulator, config: {{model: meta-llama/Llama-3.1-8B-Instruct}}}}
+""")
+    monkeypatch.setenv("ENGINE_FLEET", str(fleet))
+    return fleet
+
+
+def _rollout(project, **fields):
+    from rollouts import service
+    from rollouts.models import Rollout
+
+    created = service.create_rollout(project, group="base", config={"max_num_seqs": 64},
+                                     plan={"steps": [{"canary": 10, "interval": 120}]}, created_by="alice")
+    if fields:
+        Rollout.objects.filter(id=created.id).update(**fields)
+    return Rollout.objects.get(id=created.id)
+
+
+def test_a_stale_writer_loses_and_writes_no_audit_row(unreachable_fleet):
+    from rollouts import service
+    from tenancy.models import Project
+
+    rollout = _rollout(Project.objects.create(name="p"))
+    stale = type(rollout).objects.get(id=rollout.id)
+    service.transition(rollout, to_state="progressing", action="started", reason="first")
+    with pytest.raises(service.Conflict):
+        service.transition(stale, to_state="progressing", action="started", reason="second")
+    assert [t.action for t in rollout.transitions.all()] == ["created", "started"]
+
+
+def test_an_unreachable_fleet_pauses_with_the_reason_after_the_grace(unreachable_fleet, settings):
+    from rollouts import service
+    from tenancy.models import Project
+
+    settings.ROLLOUTS = {**settings.ROLLOUTS, "FLEET_GRACE_SECONDS": 0.0}
+    rollout = _rollout(Project.objects.create(name="p"))
+    service.advance(rollout.id)  # notes when the fleet was first missed
+    rollout.refresh_from_db()
+    assert rollout.state == "pending" and rollout.step_status.get("fleet_unreachable_since")
+    service.advance(rollout.id)
+    rollout.refresh_from_db()
+    assert rollout.state == "paused" and "cannot reach the fleet" in rollout.reason \
+        and "does not answer" in rollout.reason
+    assert rollout.step_status["pause"] == "fleet" and rollout.paused_from == "pending"
+    assert rollout.ticking_until is None
+
+
+def test_a_rollback_is_notified_and_its_cleanup_stays_pending_while_the_fleet_is_away(unreachable_fleet):
+    from notify.models import Channel, Delivery
+    from rollouts import service
+    from tenancy.models import Project
+
+    project = Project.objects.create(name="p")
+    Channel.objects.create(project=project, name="hook", kind="webhook", url="https://hooks.example.com/x")
+    rollout = _rollout(project, state="progressing")
+    service.abort(rollout, "user:alice", "not today")
+    rollout.refresh_from_db()
+    assert rollout.state == "aborted" and rollout.reason == "not today"
+    assert rollout.step_status["cleanup"] == "pending"
+    [delivery] = Delivery.objects.filter(channel__project=project)
+    event = delivery.event
+    assert event["kind"] == "rollout" and event["labels"]["state"] == "aborted" and event["summary"] == "not today"
+    assert event["rollout"]["id"] == rollout.id and delivery.severity == "ticket"
+    # The sweep keeps trying the clean-up of a finished rollout.
+    assert service.sweep() == 1
+    with pytest.raises(service.RolloutError, match="cannot be promoted"):
+        service.promote_now(rollout, "user:alice")
+
+
+def test_the_diagnosis_and_the_overview_name_the_rollout(unreachable_fleet):
+    from alerts.diagnosis import with_rollouts
+    from rollouts import service
+    from tenancy.models import Project
+
+    project = Project.objects.create(name="p")
+    rollout = _rollout(project)
+    rollout = service.transition(rollout, to_state="progressing", action="started", reason="go",
+                                 step_status={"traffic_since": timezone.now().isoformat()})
+    rollout = service.transition(rollout, action="canary-weight", reason="canary takes 10%")
+    now = timezone.now()
+    diagnosis = with_rollouts({"summary": "queue time rose"}, project.id, (now - dt.timedelta(minutes=5), now))
+    assert diagnosis["rollouts"][0]["id"] == rollout.id and diagnosis["rollouts"][0]["canary_weight"] == 10
+    assert diagnosis["summary"].startswith(f"During rollout #{rollout.id} of group base (progressing, canary 10%)")
+    assert diagnosis["summary"].endswith("queue time rose")
+    other = Project.objects.create(name="q")
+    assert with_rollouts({"summary": "x"}, other.id, (now - dt.timedelta(minutes=5), now))["rollouts"] == []
+    marks = service.annotations(project.id, now - dt.timedelta(minutes=5), now + dt.timedelta(seconds=1))
+    assert [m["label"] for m in marks] == [f"rollout #{rollout.id} (base): started",
+                                           f"rollout #{rollout.id} (base): canary 10%"]

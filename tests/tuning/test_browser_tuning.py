@@ -1,0 +1,122 @@
+"""The tuning pages in a real browser (Playwright driving Debian's Chromium) against the live platform: a form
+refused with the API's messages (no traffic yet, a bad trial count), a study started from the form and watched to
+its end, its result read (workload, why the winner wins, importances, Pareto front, robust re-scoring, the
+confirmation run), and the winner proposed as a rollout; a viewer sees no forms and is refused when posting.
+
+Screenshots go to $OBSERVATORY_SCREENSHOTS (default: the test's temporary directory)."""
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+playwright_api = pytest.importorskip("playwright.sync_api")
+
+
+def _password(output: str) -> str:
+    match = re.search(r"password '([^']+)'", output)
+    assert match, output
+    return match.group(1)
+
+
+@pytest.fixture(scope="module")
+def browser(chromium_executable):
+    with playwright_api.sync_playwright() as p:
+        instance = p.chromium.launch(executable_path=chromium_executable, args=["--no-sandbox"])
+        yield instance
+        instance.close()
+
+
+@pytest.fixture(scope="module")
+def shots(tmp_path_factory) -> Path:
+    directory = Path(os.environ.get("OBSERVATORY_SCREENSHOTS") or tmp_path_factory.mktemp("screenshots"))
+    directory.mkdir(parents=True, exist_ok=True)
+    return directory
+
+
+def session(browser, live, role: str, width: int = 1400):
+    password = _password(live.process.manage("dashboard_login", "--user", f"tune-{role}", "--project", "default",
+                                             "--role", role))
+    context = browser.new_context(viewport={"width": width, "height": 1000})
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda error: errors.append(f"page error: {error}"))
+    page.on("console", lambda m: errors.append(f"console: {m.text}") if m.type == "error" else None)
+    page.goto(live.process.url + "/accounts/login/")
+    page.fill("#id_username", f"tune-{role}")
+    page.fill("#id_password", password)
+    page.click("main button[type=submit]")
+    page.wait_for_load_state("networkidle")
+    assert not page.url.endswith("/accounts/login/")
+    return context, page, errors
+
+
+def test_start_watch_read_and_propose_a_study_in_the_browser(browser, live, shots):
+    context, page, errors = session(browser, live, "operator")
+    url = live.process.url
+    page.goto(url + "/tuning/")
+    page.wait_for_load_state("networkidle")
+    assert page.locator("nav a", has_text="Tuning").count() == 1
+    # The group's traffic is the default workload: with none yet, the form says so and suggests a dataset.
+    page.select_option("#f-workload", "traffic")
+    page.click("form.study-form button[type=submit]")
+    page.wait_for_load_state("networkidle")
+    assert "no requests in the window" in page.content() and "dataset:NAME" in page.content()
+    page.screenshot(path=str(shots / "tuning-no-traffic.png"), full_page=True)
+    page.select_option("#f-workload", "synthetic:chat")
+    page.fill("#f-trials", "many")
+    page.click("form.study-form button[type=submit]")
+    page.wait_for_load_state("networkidle")
+    assert page.locator(".field.invalid #f-trials, #f-trials[aria-invalid=true]").count() == 1
+    # A real one: chat, 8 trials, the SLOs given in the form, confirmed on real-time replicas.
+    page.select_option("#f-workload", "synthetic:chat")
+    page.fill("#f-trials", "8")
+    page.fill("#f-ttft_ms", "300")
+    page.fill("#f-tpot_ms", "30")
+    page.check("input[name=confirm]")
+    page.click("form.study-form button[type=submit]")
+    page.wait_for_url(re.compile(r".*/tuning/\d+/$"))
+    page.locator("[data-testid=study-state] .state.done").wait_for(timeout=420_000)
+    page.wait_for_load_state("networkidle")
+    assert "synthetic:chat" in page.locator("[data-testid=workload]").inner_text()
+    assert "≤ 300 ms" in page.locator("[data-testid=slo]").inner_text()
+    assert page.locator("[data-testid=reasons] li").count() >= 1
+    assert "max_num_seqs" in page.locator("[data-testid=diff]").inner_text()
+    assert page.locator("[data-testid=importances] tr").count() >= 2
+    assert page.locator("[data-testid=pareto] circle").count() >= 1
+    assert page.locator("[data-testid=candidates] tbody tr").count() >= 2
+    confirmation = page.locator("[data-testid=confirmation]").inner_text()
+    assert "current" in confirmation and "best" in confirmation and "%" in confirmation
+    page.screenshot(path=str(shots / "tuning-study.png"), full_page=True)
+    # Hand-off to a rollout.
+    page.click("[data-testid=propose]")
+    page.wait_for_load_state("networkidle")
+    assert "Proposed as a rollout of base" in page.locator("[data-testid=proposal]").inner_text()
+    # The list shows it, done, with both goodputs.
+    page.goto(url + "/tuning/")
+    page.wait_for_load_state("networkidle")
+    row = page.locator("[data-testid=studies] tbody tr").first.inner_text()
+    assert "done" in row and "req/s" in row
+    page.screenshot(path=str(shots / "tuning-list.png"), full_page=True)
+    # A narrow window: the study page still reads (tables scroll inside their cards).
+    narrow = context.new_page()
+    narrow.set_viewport_size({"width": 420, "height": 900})
+    narrow.goto(url + "/tuning/")
+    narrow.wait_for_load_state("networkidle")
+    narrow.screenshot(path=str(shots / "tuning-list-narrow.png"), full_page=True)
+    assert not errors, errors
+    context.close()
+
+
+def test_a_viewer_reads_but_cannot_start_or_propose(browser, live):
+    context, page, errors = session(browser, live, "viewer")
+    page.goto(live.process.url + "/tuning/")
+    page.wait_for_load_state("networkidle")
+    assert page.locator("form.study-form").count() == 0
+    response = page.request.post(live.process.url + "/tuning/new", form={"group": "base"},
+                                 headers={"X-CSRFToken": context.cookies()[0]["value"]} if context.cookies() else {})
+    assert response.status == 403
+    assert not errors, errors
+    context.close()

@@ -1,0 +1,264 @@
+"""Tuning's building blocks on the real simulator and Optuna: the goodput search, the search space and its
+constraints, the search against an exhaustive grid, and the workload read from stored request rows."""
+from __future__ import annotations
+
+import datetime as dt
+import random
+
+import optuna
+import pytest
+from tuning import goodput as G
+from tuning import search as S
+from tuning.space import SpaceError, check, parse_space
+from tuning.workload import WorkloadError, from_traffic, synthetic
+
+from engine.config import EngineConfig
+
+pytestmark = pytest.mark.mode_independent  # no database, no broker: CI runs it once (tests/conftest.py)
+
+UTC = dt.timezone.utc
+CURRENT = EngineConfig()  # Llama-3.1-8B on one H100, vLLM's defaults
+
+
+# ---------------------------------------------------------------------------------------------- goodput search
+def _toy(monkeypatch, threshold: float, low_attainment: float = 0.5, high_attainment: float = 1.0):
+    calls = []
+
+    def fake_measure(config, workload, slo, rate, *, count=600, seed=0):
+        calls.append(rate)
+        attainment = high_attainment if rate <= threshold else low_attainment
+        return G.Measure(rate, attainment, count, 1, 1, 1, 1, 1, 1, 0, 0, 0, None, 0, rate)
+
+    monkeypatch.setattr(G, "measure", fake_measure)
+    return calls
+
+
+@pytest.mark.parametrize("start", [0.3, 1.0, 7.0, 500.0])
+def test_goodput_search_finds_the_rate_where_attainment_drops(monkeypatch, start):
+    """Hand-checked: attainment is 100% up to 7.3 req/s and 50% beyond, so goodput (target 99%) is 7.3 req/s,
+    found to 2% from below whatever rate the search starts at."""
+    calls = _toy(monkeypatch, 7.3)
+    result = G.goodput(CURRENT, synthetic("chat"), G.Slo({"ttft_ms": 100}, 0.99), start=start, precision=0.02)
+    assert 7.3 / 1.02 <= result.goodput <= 7.3
+    assert result.at.rate == result.goodput and result.evaluations == len(calls) <= 20
+
+
+def test_goodput_is_zero_when_no_rate_meets_the_target(monkeypatch):
+    _toy(monkeypatch, 0.0, low_attainment=0.8)
+    result = G.goodput(CURRENT, synthetic("chat"), G.Slo({"ttft_ms": 100}, 0.99), start=2.0)
+    assert result.goodput == 0 and result.at is None and result.best_attainment == pytest.approx(0.8)
+
+
+def test_goodput_in_the_simulator_matches_its_definition():
+    """At the goodput the attainment reaches the target; 10% above it, it does not; an engine limited to two
+    sequences at a time serves far less."""
+    slo = G.Slo({"ttft_ms": 300, "tpot_ms": 30}, 0.95)
+    workload = synthetic("chat")
+    result = G.goodput(CURRENT, workload, slo, count=300)
+    assert result.goodput > 5
+    assert G.measure(CURRENT, workload, slo, result.goodput, count=300).attainment >= 0.95
+    assert G.measure(CURRENT, workload, slo, result.goodput * 1.1, count=300).attainment < 0.95
+    narrow = G.goodput(CURRENT.replace(max_num_seqs=2, max_num_batched_tokens=2048), workload, slo, count=300)
+    assert narrow.goodput < result.goodput / 4
+
+
+# ---------------------------------------------------------------------------------------------- the space
+@pytest.mark.parametrize("space, expected", [
+    ({}, "the search space is empty"),
+    ({"max_num_seqs": [256]}, "the search space is empty"),
+    ({"max_num_seqs": []}, "max_num_seqs: an empty list"),
+    ({"max_num_seqs": [0, 64]}, "max_num_seqs: 0 is refused by vLLM"),
+    ({"gpu_memory_utilization": {"low": 0.5, "high": 1.2}}, "gpu_memory_utilization: 1.2 is refused by vLLM"),
+    ({"block_size": [16, 24]}, "block_size: 24 is refused by vLLM"),
+    ({"kv_cache_dtype": ["auto", "fp4"]}, "kv_cache_dtype: 'fp4' is refused by vLLM"),
+    ({"max_num_batched_tokens": {"low": 4096, "high": 1024}}, "low (4096) is above high (1024)"),
+    ({"speculative_method": ["none", "eagle"]}, "drafts with a model: give speculative_model"),
+    ({"max_num_seqs": [8, 16], "temperature": [0, 1]}, "unknown knob 'temperature'"),
+    ({"max_num_seqs": [8, 16], "replicas": [1, 2]}, "replicas: not a search knob"),
+    ({"enable_chunked_prefill": {"low": 0, "high": 1}}, "give a list of values, not a range"),
+    ("max_num_seqs", "must be a mapping"),
+])
+def test_spaces_vllm_would_refuse_are_refused_naming_the_knob(space, expected):
+    with pytest.raises(SpaceError) as caught:
+        parse_space(space, CURRENT)
+    assert any(expected in problem for problem in caught.value.problems), caught.value.problems
+
+
+def test_combinations_vllm_refuses_are_constraints_checked_before_simulating():
+    space = parse_space({"max_num_seqs": [64, 512], "max_num_batched_tokens": [256, 8192],
+                         "enable_chunked_prefill": [True, False]}, CURRENT)
+    config, problems = check(space, CURRENT, {"max_num_seqs": 512, "max_num_batched_tokens": 256,
+                                               "enable_chunked_prefill": True})
+    assert config is None and "must be greater than or equal to max_num_seqs" in problems[0]
+    config, problems = check(space, CURRENT, {"max_num_seqs": 64, "max_num_batched_tokens": 8192,
+                                               "enable_chunked_prefill": False})
+    assert config is None and "without chunked prefill" in problems[0]
+    # The simulator's memory plan: a 70B model does not fit one L4 whatever the knobs.
+    big = EngineConfig(model="meta-llama/Llama-3.1-70B-Instruct", gpu_type="L4")
+    config, problems = check(parse_space({"max_num_seqs": [8, 16]}, big), big, {"max_num_seqs": 8})
+    assert config is None and problems
+    config, problems = check(space, CURRENT, {"max_num_seqs": 64, "max_num_batched_tokens": 8192,
+                                               "enable_chunked_prefill": True})
+    assert problems == [] and config.max_num_seqs == 64
+
+
+def test_no_trial_is_spent_on_a_config_vllm_would_refuse(monkeypatch):
+    """Half the space is invalid (chunked prefill off needs a budget ≥ max_model_len): every simulated config is
+    valid, the budget counts valid trials only, and the refused ones are told to Optuna as infeasible."""
+    simulated = []
+    real = S.goodput
+
+    def counting(config, *args, **kwargs):
+        assert config.problems() == []
+        simulated.append(config)
+        return real(config, *args, **kwargs)
+
+    monkeypatch.setattr(S, "goodput", counting)
+    space = parse_space({"max_num_seqs": [32, 128, 512], "enable_chunked_prefill": [True, False],
+                         "max_num_batched_tokens": [512, 2048, 8192]}, CURRENT)
+    problem = S.Problem(CURRENT, space, synthetic("chat"), G.Slo({"ttft_ms": 300, "tpot_ms": 30}, 0.95), count=150)
+    study = optuna.create_study(directions=S.directions("goodput"), sampler=S.sampler("goodput", 0))
+    S.search(problem, study, 8)
+    valid = S.valid_trials(study)
+    refused = [t for t in study.trials if t.user_attrs.get("valid") is False]
+    assert len(valid) == 8 and len(simulated) == 8
+    assert refused and all(t.user_attrs["constraint"] == 1.0 and t.user_attrs["problems"] for t in refused)
+    assert all(t.params["enable_chunked_prefill"] or t.params["max_num_batched_tokens"] >= 131072 for t in valid)
+
+
+def test_a_study_reaches_within_5_percent_of_the_exhaustive_grid_best_in_a_fifth_of_its_size():
+    """Exhaustive grid over max_num_seqs × max_num_batched_tokens × n-gram speculation in the simulator, then a
+    TPE study with a fifth of the grid's size as budget."""
+    space = parse_space({"max_num_seqs": [4, 8, 16, 64, 256, 1024],
+                         "max_num_batched_tokens": [1024, 2048, 4096, 8192],
+                         "speculative_method": ["none", "ngram"], "num_speculative_tokens": [2, 4]}, CURRENT)
+    slo = G.Slo({"ttft_ms": 200, "tpot_ms": 25}, 0.95)
+    problem = S.Problem(CURRENT, space, synthetic("chat"), slo, count=150, precision=0.03)
+    grid = []
+    for point in space.grid():
+        config, problems = check(space, CURRENT, point)
+        if config is not None:
+            grid.append(G.goodput(config, problem.workload, slo, count=150, precision=0.03).goodput)
+    best = max(grid)
+    assert len(grid) >= 40 and min(grid) < 0.8 * best  # the knobs matter on this workload
+    study = optuna.create_study(directions=S.directions("goodput"), sampler=S.sampler("goodput", 0))
+    S.search(problem, study, len(grid) // 5)
+    assert study.best_value >= 0.95 * best, (study.best_value, best)
+
+
+def test_robust_rescoring_prefers_the_config_closest_to_the_current_among_near_equals():
+    rescored = [{"robust_score": 10.0, "distance": 3, "name": "far"}, {"robust_score": 9.9, "distance": 1,
+                                                                           "name": "near"},
+                {"robust_score": 8.0, "distance": 0, "name": "current"}]
+    assert S.choose(rescored)["name"] == "near"
+    rescored[1]["robust_score"] = 9.0
+    assert S.choose(rescored)["name"] == "far"
+
+
+# ---------------------------------------------------------------------------------------------- the workload
+def test_the_traffic_workload_matches_the_stored_rows(store):
+    """Rows with known arrival process and lengths: the workload's rate, burstiness, peak, joint lengths and
+    buckets are theirs; another project's and another group's rows are left out; an empty window says so."""
+    from alerts_support import insert_requests, request_row
+
+    rng = random.Random(5)
+    since = dt.datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
+    rows, t = [], 0.0
+    while t < 600:
+        t += rng.expovariate(2.0)  # Poisson, 2 req/s
+        prompt = rng.choice([100, 200, 3000])
+        rows.append(request_row(41, since + dt.timedelta(seconds=t), prompt_tokens=prompt,
+                                completion_tokens=prompt // 10, prompt_bucket="<256" if prompt < 256 else "<4k",
+                                replica_group="canary"))
+    # A one-minute burst at 20 req/s in another group, and another project's rows: neither is counted.
+    rows += [request_row(41, since + dt.timedelta(seconds=100 + i / 20), replica_group="other") for i in range(50)]
+    rows += [request_row(42, since + dt.timedelta(seconds=i), replica_group="canary") for i in range(300)]
+    insert_requests(store, rows)
+    workload = from_traffic(store, 41, group="canary", since=since, until=since + dt.timedelta(hours=1))
+    mine = [r for r in rows if r["project_id"] == 41 and r["replica_group"] == "canary"]
+    assert workload.window["requests"] == len(mine)
+    assert workload.rate == pytest.approx(2.0, rel=0.15)
+    assert 0.7 < workload.burstiness < 1.4  # Poisson: CV of the gaps ≈ 1
+    assert workload.peak_rate >= workload.rate
+    assert set(workload.samples) <= {(p, p // 10) for p in (100, 200, 3000)}  # the joint pairs, never mixed
+    shares = {b["bucket"]: b["share"] for b in workload.buckets()}
+    expected = sum(1 for r in mine if r["prompt_tokens"] < 256) / len(mine)
+    assert shares["<256"] == pytest.approx(expected, abs=0.01)
+    with pytest.raises(WorkloadError, match="no requests in the window.*dataset:NAME.*synthetic"):
+        from_traffic(store, 41, group="canary", since=since - dt.timedelta(days=2), until=since - dt.timedelta(days=1))
+    # A group without rows of its own falls back to the project's traffic, and says so.
+    other = from_traffic(store, 42, group="nonexistent", since=since, until=since + dt.timedelta(hours=1))
+    assert other.window["requests"] == 300 and "no rows carry replica group" in other.notes[0]
+
+
+def test_simulated_requests_keep_the_rate_and_share_prefixes():
+    workload = synthetic("code")
+    requests = workload.requests(10.0, 2000, seed=3)
+    span = requests[-1].arrival_time - requests[0].arrival_time
+    assert 2000 / span == pytest.approx(10.0, rel=0.1)
+    # The same seed at another rate: the same requests, arrivals scaled.
+    again = workload.requests(20.0, 2000, seed=3)
+    assert [r.prompt_tokens for r in again] == [r.prompt_tokens for r in requests]
+    assert again[100].arrival_time == pytest.approx(requests[100].arrival_time / 2)
+    shared = sum(1 for r in requests[:200] if r.prompt_token_ids[0] < 100_000 * 4)
+    assert shared == 200  # every code request starts with one of the shared repository prefixes
+
+
+def test_a_pareto_study_returns_a_front_of_goodput_against_p99_ttft():
+    """NSGA-II over (goodput, p99 TTFT at the peak rate): the front holds no point another point dominates."""
+    space = parse_space({"max_num_seqs": [8, 32, 128, 512], "max_num_batched_tokens": [1024, 4096, 16384]}, CURRENT)
+    problem = S.Problem(CURRENT, space, synthetic("chat"), G.Slo({"ttft_ms": 300, "tpot_ms": 30}, 0.95),
+                        objective="pareto", count=150)
+    study = optuna.create_study(directions=S.directions("pareto"), sampler=S.sampler("pareto", 0))
+    S.search(problem, study, 8)
+    front = S.pareto(study, problem)
+    assert front and all("ttft_p99_ms" in p and p["goodput"] >= 0 for p in front)
+    for p in front:
+        assert not any(q["score"] >= p["score"] and q["ttft_p99_ms"] <= p["ttft_p99_ms"] and q != p and
+                       (q["score"] > p["score"] or q["ttft_p99_ms"] < p["ttft_p99_ms"]) for q in front)
+    assert all(len(t.values) == 2 for t in S.valid_trials(study))
+
+
+def test_goodput_per_gpu_trades_tensor_parallelism():
+    """Per GPU, two GPUs must serve more than twice one GPU's rate to win; the score is goodput ÷ TP."""
+    space = parse_space({"tensor_parallel_size": [1, 2]}, CURRENT, per_gpu=True)
+    problem = S.Problem(CURRENT, space, synthetic("chat"), G.Slo({"ttft_ms": 300, "tpot_ms": 30}, 0.95),
+                        objective="goodput_per_gpu", count=150)
+    one = S.evaluate(problem, {"tensor_parallel_size": 1})
+    two = S.evaluate(problem, {"tensor_parallel_size": 2})
+    assert two["goodput"] > one["goodput"]  # more GPUs serve more
+    assert two["score"] == pytest.approx(two["goodput"] / 2) and one["score"] == pytest.approx(one["goodput"])
+
+
+def test_the_prefix_cache_hit_rate_is_read_from_the_replicas_vllm_counters():
+    """Summed over replicas (all label sets); unknown when no replica answers or none counted a query."""
+    import http.server
+    import threading
+
+    from tuning.workload import prefix_hit_rate_of
+
+    bodies = {"/metrics": (b"# TYPE vllm:prefix_cache_queries counter\n"
+                           b'vllm:prefix_cache_queries_total{model_name="m"} 1000.0\n'
+                           b"# TYPE vllm:prefix_cache_hits counter\n"
+                           b'vllm:prefix_cache_hits_total{model_name="m"} 250.0\n')}
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802
+            body = bodies.get(self.path, b"")
+            self.send_response(200 if body else 404)
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_port}"
+    try:
+        assert prefix_hit_rate_of([url, url]) == pytest.approx(0.25)
+        bodies["/metrics"] = b"# TYPE other counter\nother_total 1.0\n"
+        assert prefix_hit_rate_of([url]) is None
+        assert prefix_hit_rate_of(["http://127.0.0.1:9"]) is None
+    finally:
+        server.shutdown()
