@@ -30,8 +30,6 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from urllib import error as urlerror
-from urllib import request as urlrequest
 
 from engine.cli_args import bounded_float
 from engine.config import ConfigError, EngineConfig
@@ -40,11 +38,13 @@ from engine.launcher.fleet import (
     CONTROL_TOKEN_FILE,
     CONTROLLER_LOG,
     PID_FILE,
+    ControlUnavailable,
     FleetController,
     FleetSpec,
     FleetSpecError,
     RunDirLock,
     clean_stale_run_dir,
+    control_request,
     read_state_file,
 )
 from engine.launcher.supervisor import now_iso, process_alive, signal_group
@@ -286,25 +286,11 @@ def fetch_fleet(spec: FleetSpec, timeout: float = 2.0) -> dict | None:
 
 def _control_call(spec: FleetSpec, method: str, path: str, body: dict | None = None,
                   timeout: float = 5.0) -> dict | None:
+    """The controller's answer to one control call, or None when no controller answers."""
     try:
-        token = (spec.run_dir / CONTROL_TOKEN_FILE).read_text(encoding="utf-8").strip()
-    except OSError:
+        return control_request(spec, method, path, body, timeout=timeout)[1]
+    except ControlUnavailable:
         return None
-    data = json.dumps(body).encode() if body is not None else (b"" if method != "GET" else None)
-    request = urlrequest.Request(spec.control_url + path, data=data, method=method,
-                                 headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
-    try:
-        with urlrequest.urlopen(request, timeout=timeout) as response:
-            payload = json.loads(response.read() or b"{}")
-    except urlerror.HTTPError as exc:
-        try:
-            payload = json.loads(exc.read() or b"{}")
-        except ValueError:
-            return None
-        return payload if isinstance(payload, dict) else None
-    except (urlerror.URLError, OSError, ValueError):
-        return None
-    return payload if isinstance(payload, dict) else None
 
 
 def _status(spec: FleetSpec, *, as_json: bool) -> int:

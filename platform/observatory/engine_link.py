@@ -147,28 +147,54 @@ class EngineCompanion:
             self._engine("down", timeout=180)
 
 
-def fleet_state() -> dict:
-    """The managed engine fleet as its controller reports it (``GET /fleet``), for the platform's API.
-
-    ``running`` is False, with the last recorded state if there is one, when no controller
-    answers. Reads the fleet file and run directory the way ``manage.py engine`` does.
-    """
-    from engine.launcher.cli import default_fleet_file, fetch_fleet
-    from engine.launcher.fleet import FleetSpec, FleetSpecError, read_state_file
+def _fleet_spec():
+    """The fleet file the platform manages, read the way ``manage.py engine`` reads it (FleetSpecError)."""
+    from engine.launcher.cli import default_fleet_file
+    from engine.launcher.fleet import FleetSpec
 
     env = dict(os.environ)
     if not env.get("ENGINE_FLEET"):
         # The default fleet runs from the platform's data directory (as `manage.py engine up` starts it);
         # a fleet file of one's own keeps its own run_dir.
         env.setdefault("ENGINE_RUN_DIR", str(Path(settings.DATA_DIR) / "engine"))
+    return FleetSpec.load(default_fleet_file(), env=env)
+
+
+def fleet_state() -> dict:
+    """The managed engine fleet as its controller reports it (``GET /fleet``), for the platform's API.
+
+    ``running`` is False, with the last recorded state if there is one, when no controller
+    answers. Reads the fleet file and run directory the way ``manage.py engine`` does.
+    """
+    from engine.launcher.cli import fetch_fleet
+    from engine.launcher.fleet import FleetSpecError, read_state_file
+
     try:
-        spec = FleetSpec.load(default_fleet_file(), env=env)
+        spec = _fleet_spec()
     except FleetSpecError as exc:
         return {"running": False, "fleet": None, "error": "invalid fleet file", "problems": exc.problems}
     snapshot = fetch_fleet(spec, timeout=2.0)
     if snapshot is not None:
         return {"running": True, "fleet": snapshot}
     return {"running": False, "fleet": None, "last_state": read_state_file(spec.run_dir)}
+
+
+def fleet_groups() -> tuple[list[dict], bool]:
+    """The fleet's replica groups (dicts with name, config, weight, and upstreams and dynamic when a controller
+    reported them) and whether a controller answered: the running controller's, else its last recorded state's,
+    else the fleet file's. Raises FleetUnavailable when the fleet file cannot be read."""
+    from engine.launcher.fleet import FleetSpecError
+
+    state = fleet_state()
+    fleet = state.get("fleet") or state.get("last_state") or {}
+    groups = [g for g in fleet.get("groups") or [] if isinstance(g, dict)]
+    if groups:
+        return groups, bool(state.get("running"))
+    try:
+        spec = _fleet_spec()
+    except FleetSpecError as exc:
+        raise FleetUnavailable(f"the fleet file cannot be read: {'; '.join(exc.problems)}") from None
+    return [g.to_dict() for g in spec.groups], False
 
 
 class FleetUnavailable(RuntimeError):
@@ -178,37 +204,13 @@ class FleetUnavailable(RuntimeError):
 def fleet_control(method: str, path: str, body: dict | None = None, *, timeout: float = 10.0) -> tuple[int, dict]:
     """One call to the fleet controller's control API: (HTTP status, JSON body). Raises FleetUnavailable, with the
     reason, when no controller answers."""
-    import json
-    from urllib import error as urlerror
-    from urllib import request as urlrequest
+    from engine.launcher.fleet import ControlUnavailable, FleetSpecError, control_request
 
-    from engine.launcher.cli import default_fleet_file
-    from engine.launcher.fleet import CONTROL_TOKEN_FILE, FleetSpec, FleetSpecError
-
-    env = dict(os.environ)
-    if not env.get("ENGINE_FLEET"):
-        env.setdefault("ENGINE_RUN_DIR", str(Path(settings.DATA_DIR) / "engine"))
     try:
-        spec = FleetSpec.load(default_fleet_file(), env=env)
+        spec = _fleet_spec()
     except FleetSpecError as exc:
         raise FleetUnavailable(f"the fleet file cannot be read: {'; '.join(exc.problems)}") from None
     try:
-        token = (spec.run_dir / CONTROL_TOKEN_FILE).read_text(encoding="utf-8").strip()
-    except OSError:
-        raise FleetUnavailable(f"no fleet controller has run in {spec.run_dir} (no control token)") from None
-    data = json.dumps(body).encode() if body is not None else None
-    req = urlrequest.Request(spec.control_url + path, data=data, method=method,
-                             headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
-    try:
-        with urlrequest.urlopen(req, timeout=timeout) as response:
-            status, raw = response.status, response.read()
-    except urlerror.HTTPError as exc:
-        status, raw = exc.code, exc.read()
-    except (urlerror.URLError, OSError) as exc:
-        reason = getattr(exc, "reason", exc)
-        raise FleetUnavailable(f"the fleet controller at {spec.control_url} does not answer ({reason})") from None
-    try:
-        payload = json.loads(raw or b"{}")
-    except ValueError:
-        payload = {"error": raw[:300].decode("utf-8", "replace")}
-    return status, payload if isinstance(payload, dict) else {"value": payload}
+        return control_request(spec, method, path, body, timeout=timeout)
+    except ControlUnavailable as exc:
+        raise FleetUnavailable(str(exc)) from None

@@ -103,28 +103,18 @@ def optuna_study(study: TuningStudy, *, create: bool = False):
 def group_config(group: str) -> tuple[EngineConfig, list[str]]:
     """The group's engine config as the managed fleet runs it (the fleet file when no controller answers),
     and its replicas' URLs."""
-    from observatory.engine_link import fleet_state
-
-    state = fleet_state()
-    fleet = state.get("fleet") or {}
-    for entry in fleet.get("groups", []) or []:
-        if entry.get("name") == group:
-            config = EngineConfig.from_dict(entry.get("config") or {})
-            urls = [url for url in entry.get("upstreams") or [] if isinstance(url, str)]
-            return config, urls
-    from engine.launcher.cli import default_fleet_file
-    from engine.launcher.fleet import FleetSpec, FleetSpecError
+    from observatory.engine_link import FleetUnavailable, fleet_groups
 
     try:
-        spec = FleetSpec.load(default_fleet_file())
-    except FleetSpecError as exc:
-        raise StudyError(f"the fleet file cannot be read: {exc}", field="group") from None
-    names = [g.name for g in spec.groups]
-    for g in spec.groups:
-        if g.name == group:
-            return g.config, []
-    raise StudyError(f"the fleet has no replica group {group!r} (groups: {', '.join(names) or 'none'})",
-                     field="group")
+        groups, live = fleet_groups()
+    except FleetUnavailable as exc:
+        raise StudyError(str(exc), field="group") from None
+    for entry in groups:
+        if entry.get("name") == group and not entry.get("dynamic"):
+            urls = [url for url in entry.get("upstreams") or [] if isinstance(url, str)] if live else []
+            return EngineConfig.from_dict(entry.get("config") or {}), urls
+    names = ", ".join(g.get("name", "?") for g in groups if not g.get("dynamic"))
+    raise StudyError(f"the fleet has no replica group {group!r} (groups: {names or 'none'})", field="group")
 
 
 def project_slo(project, group: str, overrides: dict | None = None, target: float | None = None) -> Slo:
