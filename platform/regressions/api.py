@@ -154,7 +154,13 @@ class NewDataset(Schema):
 
 
 class NewVersion(Schema):
-    model_config = ConfigDict(extra="forbid")
+    # What the handler checks, stated in the document too: items, ids to delete, or from_traffic alone.
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"anyOf": [
+        {"required": ["items"], "properties": {"items": {"minItems": 1}, "from_traffic": {"type": "null"}}},
+        {"required": ["delete"], "properties": {"delete": {"minItems": 1}, "from_traffic": {"type": "null"}}},
+        {"required": ["from_traffic"], "properties": {"from_traffic": {"type": "object"}, "items": {"maxItems": 0},
+                                                      "delete": {"maxItems": 0}}},
+    ]})
     items: list[Item] = Field(default_factory=list, max_length=10_000,
                               description="upserted by id into the latest version's items")
     delete: list[Text(200, min_length=1)] = Field(default_factory=list, max_length=10_000,
