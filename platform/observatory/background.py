@@ -77,7 +77,7 @@ class InProcessWorker:
 
     def stop(self) -> None:
         self._stopping.set()
-        from regressions.service import SHUTTING_DOWN
+        from observatory.leases import SHUTTING_DOWN
 
         SHUTTING_DOWN.set()  # running regression runs stop sending and are resumed after a restart
         if self.beat is not None:

@@ -14,15 +14,15 @@ import datetime as dt
 import logging
 import math
 import statistics as pystats
-import threading
 import time
-import uuid
 from typing import Any
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F, Q
+from django.db.models import Q
 from django.utils import timezone
+from observatory import leases
+from observatory.leases import SHUTTING_DOWN, LeaseLost
 
 from . import gates as gates_module
 from .datasets import resolve_version
@@ -209,84 +209,22 @@ def cancel(run: RegressionRun) -> bool:
 
 # -- execution -----------------------------------------------------------------------------------------------
 def claim(run_id: int) -> RegressionRun | None:
-    """Take a queued run, or one whose worker stopped beating (resume); None when another worker has it. The
-    claim is a lease (a random token): every later write of the execution is conditional on it, so a worker that
-    lost its run (it stalled past STALE_SECONDS and another took over) changes nothing any more."""
-    now = timezone.now()
-    stale = now - dt.timedelta(seconds=cfg("STALE_SECONDS"))
-    lease = uuid.uuid4().hex
-    claimed = RegressionRun.objects.filter(id=run_id, state=RunState.QUEUED, cancel_requested=False).update(
-        state=RunState.RUNNING, started_at=now, heartbeat_at=now, attempts=F("attempts") + 1, lease=lease)
-    if not claimed:
-        claimed = RegressionRun.objects.filter(
-            id=run_id, state__in=(RunState.RUNNING, RunState.ANALYSING), heartbeat_at__lt=stale,
-            cancel_requested=False).update(heartbeat_at=now, attempts=F("attempts") + 1, lease=lease)
-    if not claimed:
-        return None
-    return RegressionRun.objects.get(id=run_id)
-
-
-class LeaseLost(RuntimeError):
-    pass
-
-
-# Set when this process's worker is stopping (observatory.background, or Celery's worker_shutting_down): a run
-# stops sending, keeps what finished, and stays as it is; the sweep of the next platform resumes it.
-SHUTTING_DOWN = threading.Event()
+    """Take a queued run, or one whose worker stopped beating (resume); None when another worker has it."""
+    return leases.claim(RegressionRun, run_id, queued=RunState.QUEUED, started=RunState.RUNNING,
+                        running=(RunState.RUNNING, RunState.ANALYSING), stale_seconds=cfg("STALE_SECONDS"))
 
 
 class Interrupted(RuntimeError):
     pass
 
 
-class Lease:
-    """Keeps a claimed run's heartbeat going from a thread of its own (a long analysis beats too), and says
-    when the lease was lost or a cancel asked."""
-
-    def __init__(self, run: RegressionRun):
-        self.run = run
-        self.lost = False
-        self.cancel_asked = False
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._keep, name=f"regression-lease-{run.id}", daemon=True)
-
-    def __enter__(self) -> Lease:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join(10)
-
-    def _keep(self) -> None:
-        from django.db import connection
-
-        interval = max(0.2, cfg("STALE_SECONDS") / 4.0)
-        try:
-            while not self._stop.wait(interval):
-                self.beat()
-                if self.lost:
-                    return
-        finally:
-            connection.close()
-
-    def beat(self, **fields) -> None:
-        updated = RegressionRun.objects.filter(id=self.run.id, lease=self.run.lease).update(
-            heartbeat_at=timezone.now(), **fields)
-        if not updated:
-            self.lost = True
-            return
-        self.cancel_asked = RegressionRun.objects.filter(id=self.run.id, cancel_requested=True).exists()
-
-    def check(self) -> None:
-        if self.lost:
-            raise LeaseLost(f"regression run {self.run.id} was taken over by another worker")
+def Lease(run: RegressionRun) -> leases.Lease:  # noqa: N802 (used as the class it returns)
+    return leases.Lease(run, "regression run", cfg("STALE_SECONDS"))
 
 
 def _update(run: RegressionRun, **fields) -> None:
     """A write of the execution holding the lease; LeaseLost when another worker has the run now."""
-    if not RegressionRun.objects.filter(id=run.id, lease=run.lease).update(**fields):
-        raise LeaseLost(f"regression run {run.id} was taken over by another worker")
+    leases.leased_update(run, "regression run", **fields)
 
 
 def _finish(run: RegressionRun, state: str, **fields) -> None:

@@ -27,6 +27,8 @@ from urllib.parse import quote
 from django.conf import settings
 from django.db.models import F, Q
 from django.utils import timezone
+from observatory import leases
+from observatory.leases import SHUTTING_DOWN, LeaseLost
 
 from engine.config import ConfigError, EngineConfig
 
@@ -49,10 +51,6 @@ class StudyError(ValueError):
         super().__init__(message)
         self.field = field
         self.problems = problems or [message]
-
-
-class LeaseLost(RuntimeError):
-    pass
 
 
 def cfg(name: str) -> Any:
@@ -251,64 +249,17 @@ def cancel(study: TuningStudy) -> bool:
 
 # ---------------------------------------------------------------------------------------------- execution
 def claim(study_id: int) -> TuningStudy | None:
-    now = timezone.now()
-    stale = now - dt.timedelta(seconds=cfg("STALE_SECONDS"))
-    lease = uuid.uuid4().hex
-    claimed = TuningStudy.objects.filter(id=study_id, state=StudyState.QUEUED, cancel_requested=False).update(
-        state=StudyState.SEARCHING, started_at=now, heartbeat_at=now, attempts=F("attempts") + 1, lease=lease)
-    if not claimed:
-        claimed = TuningStudy.objects.filter(
-            id=study_id, state__in=(StudyState.SEARCHING, StudyState.RESCORING, StudyState.CONFIRMING),
-            heartbeat_at__lt=stale, cancel_requested=False).update(
-            heartbeat_at=now, attempts=F("attempts") + 1, lease=lease)
-    if not claimed:
-        return None
-    return TuningStudy.objects.get(id=study_id)
+    return leases.claim(TuningStudy, study_id, queued=StudyState.QUEUED, started=StudyState.SEARCHING,
+                        running=(StudyState.SEARCHING, StudyState.RESCORING, StudyState.CONFIRMING),
+                        stale_seconds=cfg("STALE_SECONDS"))
 
 
-class Lease:
-    def __init__(self, study: TuningStudy):
-        self.study = study
-        self.lost = False
-        self.cancel_asked = False
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._keep, name=f"tuning-lease-{study.id}", daemon=True)
-
-    def __enter__(self) -> Lease:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join(10)
-
-    def _keep(self) -> None:
-        from django.db import connection
-
-        try:
-            while not self._stop.wait(max(0.2, cfg("STALE_SECONDS") / 4.0)):
-                self.beat()
-                if self.lost:
-                    return
-        finally:
-            connection.close()
-
-    def beat(self) -> None:
-        if not TuningStudy.objects.filter(id=self.study.id, lease=self.study.lease).update(
-                heartbeat_at=timezone.now()):
-            self.lost = True
-            return
-        self.cancel_asked = TuningStudy.objects.filter(id=self.study.id, cancel_requested=True).exists()
-
-    def stop_now(self) -> bool:
-        from regressions.service import SHUTTING_DOWN
-
-        return self.lost or self.cancel_asked or SHUTTING_DOWN.is_set()
+def Lease(study: TuningStudy) -> leases.Lease:  # noqa: N802 (used as the class it returns)
+    return leases.Lease(study, "tuning study", cfg("STALE_SECONDS"))
 
 
 def _update(study: TuningStudy, **fields) -> None:
-    if not TuningStudy.objects.filter(id=study.id, lease=study.lease).update(**fields):
-        raise LeaseLost(f"tuning study {study.id} was taken over by another worker")
+    leases.leased_update(study, "tuning study", **fields)
 
 
 def problem_of(study: TuningStudy) -> S.Problem:
@@ -549,8 +500,6 @@ def trial_loop(study: TuningStudy, problem: S.Problem, ostudy, should_stop) -> i
 
 def run_trials(study_id: int) -> int:
     """A helper worker of a searching study: runs its trials while slots are free (Celery task `tuning.trials`)."""
-    from regressions.service import SHUTTING_DOWN
-
     study = TuningStudy.objects.filter(id=study_id, state=StudyState.SEARCHING).first()
     if study is None or study.workload.get("pending"):
         return 0
