@@ -67,6 +67,8 @@ class RolloutOut(Schema):
     project: str
     group: str
     canary_group: str
+    baseline_group: str = Field(description="the group the canary is compared with: its baseline twin, or the "
+                                            "group itself (plan baseline: group)")
     state: Literal[STATES]  # type: ignore[valid-type]
     step: int
     reason: str

@@ -57,6 +57,19 @@ class Rollout(models.Model):
     updated_at = models.DateTimeField(default=timezone.now)
     finished_at = models.DateTimeField(null=True, blank=True)
 
+    @property
+    def twin_group(self) -> str | None:
+        """The baseline twin's group (the group's config on as many replicas as the canary's, given as much
+        traffic) when the plan compares with one; None when the canary is compared with the group itself."""
+        if (self.plan or {}).get("compare_with") != "twin" or not self.canary_group:
+            return None
+        return f"{self.group[:40]}-baseline-{self.id}"
+
+    @property
+    def baseline_group(self) -> str:
+        """The group whose requests the canary's are compared with."""
+        return self.twin_group or self.group
+
     class Meta:
         ordering = ["-created_at", "-id"]
         indexes = [models.Index(fields=["project", "-created_at"]), models.Index(fields=["state"])]

@@ -4,14 +4,18 @@ API or the dashboard's form, every problem reported at once (``PlanError.problem
 Steps, in order (the short forms in parentheses are accepted too):
 
 - ``{"kind": "gate", "dataset": NAME, "version": N, "gates": {...}, "options": {...}}`` (``{"gate": {...}}``): a paired
-  golden-dataset regression run, new config (the canary group, at weight 0) against the group itself;
-  ``fail`` stops the rollout, ``inconclusive`` pauses it.
+  golden-dataset regression run, new config (the canary group, at weight 0) against the baseline (the twin, or
+  the group itself); ``fail`` stops the rollout, ``inconclusive`` pauses it.
 - ``{"kind": "canary", "weight": 5, "interval_seconds": 120}`` (``{"canary": 5, "interval": "2m"}``): the canary
   group takes ``weight`` % of the group's traffic (the group keeps the rest; other groups' shares are untouched)
   for the interval, judged by the analysis. ``baseline``, when given, must make 100 with ``weight``.
 - ``{"kind": "approval"}`` (``"approval"``): waits for an admin's approval.
 - ``{"kind": "promote"}`` (``"promote"``): the group takes the config by drain-and-replace, the canary group is
   removed, weights are restored. Always last (added when missing).
+
+``compare_with`` (default ``twin``): the canary's requests are compared with those of a baseline twin, a group
+started with the group's config on as many replicas as the canary's and given as much traffic (canary weight ≤ 50%),
+or (``group``) with the group's own requests.
 """
 from __future__ import annotations
 
@@ -263,8 +267,14 @@ def _step(item: Any, index: int, problems: list[str]) -> dict | None:
     return None
 
 
+# What the canary is compared with (compare_with): "twin", the baseline twin, a group of as many replicas as the canary's, started with the group's
+# config at the same time and given as much traffic (like for like: same size, same load, same age; the design
+# Kayenta recommends), or "group", the group itself (bigger, loaded differently, warmed up for longer).
+COMPARE_WITH = ("twin", "group")
+
+
 def parse_plan(data: Any, *, default_dataset: str | None = None) -> dict:
-    """The normalised plan ({"steps", "analysis", "canary_replicas"}) or PlanError with every problem.
+    """The normalised plan ({"steps", "analysis", "canary_replicas", "compare_with"}) or PlanError with every problem.
     ``data`` None is the default plan: a regression gate on ``default_dataset`` (when the project has one), canary
     steps 5 → 25 → 50 % of 2 minutes each, promotion."""
     problems: list[str] = []
@@ -272,8 +282,12 @@ def parse_plan(data: Any, *, default_dataset: str | None = None) -> dict:
         data = {}
     if not isinstance(data, dict):
         raise PlanError(["the plan must be a mapping with steps (and optionally analysis, canary_replicas)"])
-    for key in sorted(set(data) - {"steps", "analysis", "canary_replicas"}):
-        problems.append(f"unknown key {key!r} of the plan; use steps, analysis, canary_replicas")
+    for key in sorted(set(data) - {"steps", "analysis", "canary_replicas", "compare_with"}):
+        problems.append(f"unknown key {key!r} of the plan; use steps, analysis, canary_replicas, compare_with")
+    compare_with = data.get("compare_with", "twin")
+    if compare_with not in COMPARE_WITH:
+        problems.append(f"compare_with: {' or '.join(COMPARE_WITH)}, not {compare_with!r}")
+        compare_with = "twin"
     analysis = parse_analysis(data.get("analysis"), problems)
     replicas = data.get("canary_replicas", 1)
     if isinstance(replicas, bool) or not isinstance(replicas, int) or not 1 <= replicas <= 16:
@@ -302,6 +316,9 @@ def parse_plan(data: Any, *, default_dataset: str | None = None) -> dict:
     if "gate" in kinds and kinds.index("gate") != 0:
         problems.append("steps: the regression gate comes first (before the canary takes user traffic)")
     weights = [s["weight"] for s in steps if s["kind"] == "canary"]
+    if compare_with == "twin" and any(w > 50 for w in weights):
+        problems.append(f"steps: compared with a baseline twin, a canary step takes at most 50% of the group's "
+                        f"traffic (the twin takes as much), not {max(weights):g}%; use compare_with: group for more")
     if any(b <= a for a, b in zip(weights, weights[1:])):
         problems.append(f"steps: canary weights must increase from step to step, not {' → '.join(f'{w:g}' for w in weights)}")
     least = analysis["settle_seconds"] + analysis["window_seconds"]
@@ -311,14 +328,20 @@ def parse_plan(data: Any, *, default_dataset: str | None = None) -> dict:
                             f"analysis: it needs settle_seconds + window_seconds = {least:g} s")
     if problems:
         raise PlanError(problems)
-    return {"steps": steps, "analysis": analysis, "canary_replicas": replicas}
+    return {"steps": steps, "analysis": analysis, "canary_replicas": replicas,
+            "compare_with": compare_with}
 
 
-def canary_gateway_weights(base_weights: dict[str, float], group: str, canary: str, percent: float) -> dict:
-    """Gateway weights giving ``canary`` ``percent`` % of what ``group`` had, the rest staying with ``group``;
-    every other group keeps its weight (so its share of the whole traffic is unchanged)."""
+def canary_gateway_weights(base_weights: dict[str, float], group: str, canary: str, percent: float,
+                           twin: str | None = None) -> dict:
+    """Gateway weights giving ``canary`` ``percent`` % of what ``group`` had (and ``twin``, the baseline twin, as
+    much), the rest staying with ``group``; every other group keeps its weight (so its share of the whole traffic
+    is unchanged)."""
     base = float(base_weights.get(group, 0.0))
-    weights = {name: float(w) for name, w in base_weights.items() if name != canary}
-    weights[group] = base * (100.0 - percent) / 100.0
+    weights = {name: float(w) for name, w in base_weights.items() if name not in (canary, twin)}
+    arms = 2 if twin else 1
+    weights[group] = max(0.0, base * (100.0 - arms * percent) / 100.0)
     weights[canary] = base * percent / 100.0
+    if twin:
+        weights[twin] = base * percent / 100.0
     return weights

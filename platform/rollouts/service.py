@@ -84,20 +84,12 @@ class FleetRefused(RuntimeError):
 def group_config(group: str) -> tuple[EngineConfig, dict[str, float]]:
     """The group's config as the fleet runs it and every group's weight (the fleet file's when no controller
     answers). Raises RolloutError for an unknown group or a canary group."""
-    from observatory.engine_link import fleet_state
+    from observatory.engine_link import FleetUnavailable, fleet_groups
 
-    state = fleet_state()
-    fleet = state.get("fleet") or state.get("last_state") or {}
-    groups = fleet.get("groups") or []
-    if not groups:
-        from engine.launcher.cli import default_fleet_file
-        from engine.launcher.fleet import FleetSpec, FleetSpecError
-
-        try:
-            spec = FleetSpec.load(default_fleet_file())
-        except FleetSpecError as exc:
-            raise RolloutError(f"the fleet file cannot be read: {exc}", field="group") from None
-        groups = [g.to_dict() for g in spec.groups]
+    try:
+        groups, _ = fleet_groups()
+    except FleetUnavailable as exc:
+        raise RolloutError(str(exc), field="group") from None
     for entry in groups:
         if entry.get("name") == group:
             if entry.get("dynamic"):
@@ -288,7 +280,7 @@ def _notify(rollout: Rollout, *, action: str, reason: str, figures: dict, severi
         "ends_at": _iso(rollout.finished_at) if rollout.state == RolloutState.PROMOTED else None,
         "url": f"{public.rstrip('/')}/rollouts/{rollout.id}/" if public else None,
         "rollout": {"id": rollout.id, "group": rollout.group, "canary_group": rollout.canary_group,
-                    "state": rollout.state, "step": rollout.step, "config_version": rollout.config_version,
+                    "baseline_group": rollout.baseline_group, "state": rollout.state, "step": rollout.step, "config_version": rollout.config_version,
                     "action": action, "figures": finite(figures)},
         "diagnosis": None,
         "repeat": False,
@@ -405,34 +397,44 @@ def _begin(rollout: Rollout) -> Rollout:
 
 
 def _ensure_canary(rollout: Rollout, fleet: dict, weight_percent: float) -> bool:
-    """The canary group runs the new config and the gateway gives it ``weight_percent`` % of the group's traffic;
-    True once its replicas are healthy."""
-    canary = _group(fleet, rollout.canary_group)
-    if canary is not None and canary.get("config_version") != rollout.config_version:
-        _control("DELETE", f"/fleet/groups/{rollout.canary_group}")
-        canary = None
-    if canary is None:
-        _control("PUT", f"/fleet/groups/{rollout.canary_group}",
-                 {"base": rollout.group, "config": rollout.config, "replicas": rollout.plan["canary_replicas"],
-                  "weight": 0})
-        return False
-    healthy = _healthy_replicas(fleet, rollout.canary_group) >= rollout.plan["canary_replicas"]
-    if not healthy:
+    """The canary group runs the new config (and the baseline twin, when the plan has one, the group's config on as
+    many replicas) and the gateway gives each ``weight_percent`` % of the group's traffic; True once their replicas
+    are healthy."""
+    wanted = [(rollout.canary_group, rollout.config, rollout.config_version)]
+    if rollout.twin_group:
+        wanted.append((rollout.twin_group, rollout.baseline_config,
+                       EngineConfig.from_dict(rollout.baseline_config).version))
+    ready = True
+    for name, config, version in wanted:
+        group = _group(fleet, name)
+        if group is not None and group.get("config_version") != version:
+            _control("DELETE", f"/fleet/groups/{name}")
+            group = None
+        if group is None:
+            _control("PUT", f"/fleet/groups/{name}",
+                     {"base": rollout.group, "config": config, "replicas": rollout.plan["canary_replicas"],
+                      "weight": 0})
+            ready = False
+        elif _healthy_replicas(fleet, name) < rollout.plan["canary_replicas"]:
+            ready = False
+    if not ready:
         return False
     _ensure_weights(rollout, fleet, weight_percent)
     return True
 
 
 def _ensure_weights(rollout: Rollout, fleet: dict, weight_percent: float | None) -> None:
-    """Gateway weights as the step wants them (None: the weights from before the rollout, canary at 0)."""
+    """Gateway weights as the step wants them (None: the weights from before the rollout, canary and twin at 0)."""
     current = {g["name"]: float(g.get("weight") or 0) for g in fleet.get("groups") or []}
     base = {name: float(w) for name, w in (rollout.baseline_weights or {}).items() if name in current}
     if weight_percent:
-        wanted = canary_gateway_weights(base, rollout.group, rollout.canary_group, weight_percent)
+        wanted = canary_gateway_weights(base, rollout.group, rollout.canary_group, weight_percent,
+                                        twin=rollout.twin_group)
     else:
         wanted = dict(base)
-        if rollout.canary_group in current:
-            wanted[rollout.canary_group] = 0.0
+        for name in (rollout.canary_group, rollout.twin_group):
+            if name and name in current:
+                wanted[name] = 0.0
     if all(abs(current.get(name, -1) - w) < 1e-9 for name, w in wanted.items()):
         return
     _control("PUT", "/fleet/weights", {"weights": wanted})
@@ -458,7 +460,7 @@ def _gate_step(rollout: Rollout, step: dict, fleet: dict) -> None:
     if rollout.gate_run_id is None:
         try:
             run = create_run(rollout.project, dataset=step["dataset"], version=step.get("version"),
-                             target=f"group:{rollout.canary_group}", baseline=f"group:{rollout.group}",
+                             target=f"group:{rollout.canary_group}", baseline=f"group:{rollout.baseline_group}",
                              gates=step.get("gates"), options=step.get("options"),
                              created_by=f"rollout {rollout.id}")
         except RunError as exc:
@@ -551,11 +553,11 @@ def _brief(metric: dict) -> dict:
 
 
 def look(rollout: Rollout, since: dt.datetime, until: dt.datetime) -> dict:
-    """The canary's requests against the group's over [since, until)."""
+    """The canary's requests against the baseline's (the twin's, or the group's) over [since, until)."""
     from traces.store import get_store
 
-    samples = A.fetch(get_store(), rollout.project_id, (rollout.group, rollout.canary_group), since, until)
-    return A.analyse(samples, baseline_group=rollout.group, canary_group=rollout.canary_group,
+    samples = A.fetch(get_store(), rollout.project_id, (rollout.baseline_group, rollout.canary_group), since, until)
+    return A.analyse(samples, baseline_group=rollout.baseline_group, canary_group=rollout.canary_group,
                      config=rollout.plan["analysis"], slos=scoped_slos(rollout))
 
 
@@ -613,8 +615,9 @@ def _promote_step(rollout: Rollout, step: dict, fleet: dict, *, actor: str = SYS
     if not _restore_fleet(rollout, fleet, keep_config=True):
         return
     transition(rollout, to_state=RolloutState.PROMOTED, action="promoted", actor=actor, notify="ticket",
-               reason=f"group {rollout.group} runs config {rollout.config_version}; canary group removed, weights "
-                      f"restored", step=len(rollout.plan["steps"]), step_status=_status(rollout, cleanup="done"))
+               reason=f"group {rollout.group} runs config {rollout.config_version}; canary group"
+                      f"{' and baseline twin' if rollout.twin_group else ''} removed, weights restored",
+               step=len(rollout.plan["steps"]), step_status=_status(rollout, cleanup="done"))
 
 
 # ---------------------------------------------------------------------------------------------- rollback, cleanup
@@ -622,8 +625,9 @@ def _restore_fleet(rollout: Rollout, fleet: dict, *, keep_config: bool) -> bool:
     """Weights as before the rollout, the canary group removed, the group on its old config unless kept; False while
     something is still under way (a replacement of the group), to be looked at again."""
     _ensure_weights(rollout, fleet, None)
-    if _group(fleet, rollout.canary_group) is not None:
-        _control("DELETE", f"/fleet/groups/{rollout.canary_group}")
+    for name in (rollout.canary_group, rollout.twin_group):
+        if name and _group(fleet, name) is not None:
+            _control("DELETE", f"/fleet/groups/{name}")
     if keep_config:
         return True
     group = _group(fleet, rollout.group)
@@ -765,8 +769,8 @@ def summary(rollout: Rollout, *, detail: bool = False) -> dict:
     steps = rollout.plan["steps"]
     out = {
         "id": rollout.id, "project": rollout.project.name, "group": rollout.group,
-        "canary_group": rollout.canary_group, "state": rollout.state, "step": rollout.step,
-        "step_kind": steps[rollout.step]["kind"] if rollout.step < len(steps) else None,
+        "canary_group": rollout.canary_group, "baseline_group": rollout.baseline_group,
+        "twin_group": rollout.twin_group, "state": rollout.state, "step": rollout.step, "step_kind": steps[rollout.step]["kind"] if rollout.step < len(steps) else None,
         "canary_weight": current_weight(rollout), "reason": rollout.reason, "config_version": rollout.config_version,
         "source": rollout.source, "created_by": rollout.created_by, "created_at": _iso(rollout.created_at),
         "updated_at": _iso(rollout.updated_at), "finished_at": _iso(rollout.finished_at),

@@ -154,12 +154,15 @@ class World:
         return self.wait_for(rollout_id, lambda b: b["state"] in states, timeout, what=f"state in {states}")
 
     def wait_canary_gone(self, name: str, timeout: float = 60) -> None:
+        """The canary group and its baseline twin (``G-canary-N`` and ``G-baseline-N``) both out of the fleet."""
+        names = (name, name.replace("-canary-", "-baseline-"))
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if self.group(name) is None:
+            if all(self.group(n) is None for n in names):
                 return
             time.sleep(0.5)
-        raise AssertionError(f"canary group {name} still in the fleet")
+        raise AssertionError(f"canary group {name} or its twin still in the fleet: "
+                             f"{[n for n in names if self.group(n) is not None]}")
 
 
 @contextlib.contextmanager

@@ -54,6 +54,20 @@ def test_gateway_weights_give_the_canary_its_share_of_the_group_only():
     assert weights == {"base": 67.5, "other": 10.0, "base-canary-1": 22.5}
 
 
+def test_the_baseline_twin_takes_as_much_as_the_canary_from_the_group():
+    weights = canary_gateway_weights({"base": 90, "other": 10, "base-canary-1": 0, "base-baseline-1": 0}, "base",
+                                     "base-canary-1", 25, twin="base-baseline-1")
+    assert weights == {"base": 45.0, "other": 10.0, "base-canary-1": 22.5, "base-baseline-1": 22.5}
+    assert canary_gateway_weights({"base": 1}, "base", "c", 50, twin="t") == {"base": 0.0, "c": 0.5, "t": 0.5}
+
+
+def test_compared_with_a_twin_by_default_the_canary_takes_at_most_half():
+    assert parse_plan(None)["compare_with"] == "twin"
+    assert parse_plan({"compare_with": "group", "steps": [{"canary": 80}]})["compare_with"] == "group"
+    assert any("at most 50%" in p and "compare_with: group" in p for p in problems_of({"steps": [{"canary": 60}]}))
+    assert any("compare_with: twin or group" in p for p in problems_of({"compare_with": "prod"}))
+
+
 def _sample(n: int, scale: float, rng, errors: int = 0, queue_share: float = 0.3) -> A.Sample:
     values = rng.gamma(4.0, scale / 4.0, n)
     sample = A.Sample(total=n + errors, errors=errors)

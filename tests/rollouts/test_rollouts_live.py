@@ -132,6 +132,9 @@ def test_a_failing_regression_gate_stops_the_rollout_before_user_traffic(world):
     status, run = world.api("GET", f"/api/v1/regression-runs/{final['gate_run']}")
     assert status == 200 and run["verdict"] == "fail"
     assert run["target"] == {"kind": "group", "group": body["canary_group"]}, run["target"]
+    # Paired with the baseline twin (the group's config on as many replicas, also at weight 0), not the loaded group.
+    assert body["baseline_group"] == body["twin_group"] == body["canary_group"].replace("-canary-", "-baseline-")
+    assert run["baseline_target"] == {"kind": "group", "group": body["baseline_group"]}, run["baseline_target"]
 
 
 def test_no_traffic_pauses_as_inconclusive(world):
