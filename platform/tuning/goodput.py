@@ -62,12 +62,15 @@ class Measure:
 
 
 def measure(config: EngineConfig, workload: Workload, slo: Slo, rate: float, *, count: int = 600,
-            seed: int = 0) -> Measure:
+            seed: int = 0, stop_early: bool = False) -> Measure:
+    """One simulated run at ``rate``. ``stop_early``: end the run as soon as so many requests are certainly bad
+    that the target share cannot be reached (only pass/fail is wanted; the figures are then of a partial run)."""
     model_len = config.resolved().max_model_len
     requests = workload.requests(rate, count, seed=seed, max_len=model_len)
-    result = simulate(config, requests, seed=seed)
-    options = result.engine.options
     skip = int(len(requests) * WARMUP_SHARE)
+    stop = _hopeless(requests[skip:], slo) if stop_early else None
+    result = simulate(config, requests, seed=seed, stop=stop)
+    options = result.engine.options
     rejected = {id(r) for r, _ in result.rejected}
     good = scored = 0
     ttft, tpot, e2e = [], [], []
@@ -102,6 +105,41 @@ def measure(config: EngineConfig, workload: Workload, slo: Slo, rate: float, *, 
                    prefix_hit_rate=s.prefix_cache_hit_rate, throughput=s.request_throughput)
 
 
+def _hopeless(scored: list, slo: Slo):
+    """stop(now) for the simulator: True once more of the ``scored`` requests are certainly bad at ``now`` than
+    the target allows (waiting for a first token past the TTFT threshold, or unfinished past the e2e one; or
+    finished with a latency over a threshold; the response's API time after the last token is left out, so the
+    count never overstates)."""
+    limits = slo.thresholds
+    ttft_s = limits.get("ttft_ms", math.inf) / 1e3
+    e2e_s = limits.get("e2e_ms", math.inf) / 1e3
+    tpot_s = limits.get("tpot_ms", math.inf) / 1e3
+    allowed = len(scored) - math.ceil(slo.target * len(scored) - 1e-9)
+
+    def stop(now: float) -> bool:
+        bad = 0
+        for request in scored:
+            arrival = request.arrival_time
+            if arrival > now:
+                break
+            first = request.first_token_time
+            if first is None:
+                late = now - arrival > ttft_s or now - arrival > e2e_s
+            elif request.finished_time is None:
+                late = first - arrival > ttft_s or now - arrival > e2e_s
+            else:
+                generated = request.num_generated
+                late = first - arrival > ttft_s or request.finished_time - arrival > e2e_s or (
+                    generated > 1 and (request.finished_time - first) / (generated - 1) > tpot_s)
+            if late:
+                bad += 1
+                if bad > allowed:
+                    return True
+        return False
+
+    return stop
+
+
 @dataclasses.dataclass
 class Goodput:
     goodput: float  # requests/s; 0 when even a nearly idle engine misses the target
@@ -119,13 +157,15 @@ def goodput(config: EngineConfig, workload: Workload, slo: Slo, *, seed: int = 0
     """The highest rate (req/s) whose attainment ≥ ``slo.target`` (bracket by doubling, then bisect)."""
     evaluations = 0
 
-    def run(rate: float) -> Measure:
+    def run(rate: float, stop_early: bool = True) -> Measure:
         nonlocal evaluations
         evaluations += 1
-        return measure(config, workload, slo, rate, count=count, seed=seed)
+        return measure(config, workload, slo, rate, count=count, seed=seed, stop_early=stop_early)
 
     rate = max(start or workload.rate or 1.0, 0.01)
-    first = run(rate)
+    # Where a failing run's attainment is reported (best_attainment: the first rate, and the rates below it when it
+    # fails), it is measured whole; elsewhere only pass/fail counts and a hopeless run stops early.
+    first = run(rate, stop_early=False)
     best_attainment = first.attainment
     if first.attainment >= slo.target:
         low, low_m = rate, first
@@ -145,7 +185,7 @@ def goodput(config: EngineConfig, workload: Workload, slo: Slo, *, seed: int = 0
         candidate = rate
         while low is None:
             candidate /= 4
-            m = run(candidate)
+            m = run(candidate, stop_early=False)
             best_attainment = max(best_attainment, m.attainment)
             if m.attainment >= slo.target:
                 low, low_m = candidate, m

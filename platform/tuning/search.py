@@ -177,7 +177,8 @@ def run_one(problem: Problem, study: optuna.Study, *, best: float | None = None,
 def search(problem: Problem, study: optuna.Study, budget: int, *,
            progress: Callable[[int, int, float | None], None] | None = None,
            should_stop: Callable[[], bool] | None = None) -> None:
-    """Ask and tell until ``budget`` valid trials are complete (resuming where the study is), in this thread."""
+    """Ask and tell until ``budget`` valid trials are complete (resuming where the study is, and counting those
+    other workers tell the same study meanwhile), in this thread."""
     seed_start(problem, study)
     invalid = sum(1 for t in study.get_trials(deepcopy=False) if t.user_attrs.get("valid") is False)
     done = len(valid_trials(study))
@@ -188,7 +189,8 @@ def search(problem: Problem, study: optuna.Study, budget: int, *,
         invalid += outcome.invalid
         if outcome.result is None:
             return
-        done += 1
+        # Other workers may be telling trials to the same study: count them all.
+        done = max(done + 1, len(valid_trials(study)))
         score = outcome.result["score"]
         best = score if best is None else max(best, score)
         if progress:

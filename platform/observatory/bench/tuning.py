@@ -10,7 +10,8 @@ each with SLOs typical of it:
 - the same budget spent as vLLM's `auto_tune.sh` spends it (a grid of max_num_seqs × max_num_batched_tokens):
   its best goodput beside ours;
 - wall time of the whole study (search with Optuna's RDB storage in a SQLite file, robust re-scoring) on this
-  machine (target ≤ 10 min for 100 trials);
+  machine, run as server mode runs it: two worker processes (`--workers`, TUNING_PARALLEL_TRIALS) asking and
+  telling on one storage (target ≤ 10 min for 100 trials);
 - on a smaller space (max_num_seqs × max_num_batched_tokens × n-gram speculation) searched exhaustively:
   trials a study needs to reach 95% of the grid's best (target ≤ 1/5 of the grid size).
 
@@ -20,7 +21,10 @@ default config, and its confirmation run on real-time simulated replicas (both a
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
+import multiprocessing
+import os
 import statistics
 import subprocess
 import sys
@@ -51,21 +55,49 @@ def robust_default(problem: S.Problem, config: EngineConfig) -> dict:
     return scored
 
 
-def study_figures(kind: str, trials: int, storage_dir: Path) -> None:
+def _problem(kind: str) -> S.Problem:
     default = EngineConfig()
-    workload = synthetic(kind)
+    return S.Problem(default, parse_space(None, default), synthetic(kind), SLOS[kind])
+
+
+def _storage(url: str) -> optuna.storages.RDBStorage:
+    # Two worker processes write one SQLite file: wait for its lock rather than fail.
+    return optuna.storages.RDBStorage(url, engine_kwargs={"connect_args": {"timeout": 60}})
+
+
+def _search_worker(kind: str, url: str, trials: int) -> None:
+    """One worker of the study: ask and tell on the shared storage until it holds ``trials`` valid trials."""
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.load_study(study_name=kind, storage=_storage(url), sampler=S.sampler("goodput", os.getpid()))
+    S.search(_problem(kind), study, trials)
+
+
+def _robust_one(kind: str, candidate: dict) -> dict:
+    [scored] = S.robust(_problem(kind), [candidate], seeds=5)
+    return scored
+
+
+def study_figures(kind: str, trials: int, storage_dir: Path, workers: int) -> None:
+    """The study as the platform runs it in server mode: ``workers`` processes (TUNING_PARALLEL_TRIALS, 2 by
+    default) asking and telling on one Optuna storage, then the top five re-scored over 5 seeds, spread over the
+    same workers."""
+    default = EngineConfig()
     slo = SLOS[kind]
-    problem = S.Problem(default, parse_space(None, default), workload, slo)
+    problem = _problem(kind)
     started = time.perf_counter()
-    storage = optuna.storages.RDBStorage(f"sqlite:///{storage_dir / f'{kind}.sqlite3'}")
-    study = optuna.create_study(study_name=kind, storage=storage, directions=S.directions("goodput"),
+    url = f"sqlite:///{storage_dir / f'{kind}.sqlite3'}"
+    study = optuna.create_study(study_name=kind, storage=_storage(url), directions=S.directions("goodput"),
                                 sampler=S.sampler("goodput", 0))
-    S.search(problem, study, trials)
-    searched = time.perf_counter() - started
-    candidates = []
-    for t in sorted(S.valid_trials(study), key=lambda t: -t.user_attrs["score"])[:5]:
-        candidates.append({"config": t.user_attrs["config"], "score": t.user_attrs["score"]})
-    winner = S.choose(S.robust(problem, candidates, seeds=5))
+    S.seed_start(problem, study)
+    context = multiprocessing.get_context("fork")
+    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context) as pool:
+        for future in [pool.submit(_search_worker, kind, url, trials) for _ in range(workers)]:
+            future.result()
+        searched = time.perf_counter() - started
+        candidates = []
+        for t in sorted(S.valid_trials(study), key=lambda t: -t.user_attrs["score"])[:5]:
+            candidates.append({"config": t.user_attrs["config"], "score": t.user_attrs["score"]})
+        winner = S.choose(list(pool.map(_robust_one, [kind] * len(candidates), candidates)))
     wall = time.perf_counter() - started
     base = robust_default(problem, default)
     grid = S.grid_baseline(problem, trials)
@@ -80,8 +112,8 @@ def study_figures(kind: str, trials: int, storage_dir: Path) -> None:
         print(f"BENCH tuning_{kind}_autotune_grid_goodput_rps={g['goodput']:.2f} req/s (simulated; {grid['points']} "
               f"points of max_num_seqs x max_num_batched_tokens, best {g['max_num_seqs']}/"
               f"{g['max_num_batched_tokens']})")
-    print(f"BENCH tuning_{kind}_study_wall_s={wall:.1f} s ({trials} trials; search {searched:.1f} s, "
-          f"re-scoring {wall - searched:.1f} s)")
+    print(f"BENCH tuning_{kind}_study_wall_s={wall:.1f} s ({len(S.valid_trials(study))} trials on {workers} "
+          f"worker processes; search {searched:.1f} s, re-scoring {wall - searched:.1f} s)")
     print(f"BENCH tuning_{kind}_refused_configs={sum(1 for t in study.trials if t.user_attrs.get('valid') is False)} "
           "(told to Optuna as infeasible, not simulated)")
 
@@ -169,11 +201,13 @@ def main(argv=None) -> None:
     parser.add_argument("--workloads", default="chat,rag,code")
     parser.add_argument("--grid-seeds", type=int, default=3)
     parser.add_argument("--confirm", action="store_true", help="also run a study through a live platform")
+    parser.add_argument("--workers", type=int, default=2,
+                        help="worker processes of a study (server mode's TUNING_PARALLEL_TRIALS default: 2)")
     args = parser.parse_args(argv)
     print("# the simulator is the testbed: Llama-3.1-8B-Instruct on one simulated H100 (no GPU here)")
     with tempfile.TemporaryDirectory(prefix="bench-tuning-") as tmp:
         for kind in args.workloads.split(","):
-            study_figures(kind, args.trials, Path(tmp))
+            study_figures(kind, args.trials, Path(tmp), args.workers)
             grid_figures(kind, args.grid_seeds)
     if args.confirm:
         confirm_figures(min(args.trials, 30))
