@@ -153,19 +153,20 @@ class Goodput:
 
 
 def goodput(config: EngineConfig, workload: Workload, slo: Slo, *, seed: int = 0, count: int = 600,
-            precision: float = 0.02, start: float | None = None) -> Goodput:
-    """The highest rate (req/s) whose attainment ≥ ``slo.target`` (bracket by doubling, then bisect)."""
+            precision: float = 0.02, start: float | None = None, stop_early: bool = True) -> Goodput:
+    """The highest rate (req/s) whose attainment ≥ ``slo.target`` (bracket by doubling, then bisect).
+    ``stop_early=False`` runs every rate to its end (the same result, slower)."""
     evaluations = 0
 
-    def run(rate: float, stop_early: bool = True) -> Measure:
+    def run(rate: float, early: bool = True) -> Measure:
         nonlocal evaluations
         evaluations += 1
-        return measure(config, workload, slo, rate, count=count, seed=seed, stop_early=stop_early)
+        return measure(config, workload, slo, rate, count=count, seed=seed, stop_early=stop_early and early)
 
     rate = max(start or workload.rate or 1.0, 0.01)
     # Where a failing run's attainment is reported (best_attainment: the first rate, and the rates below it when it
     # fails), it is measured whole; elsewhere only pass/fail counts and a hopeless run stops early.
-    first = run(rate, stop_early=False)
+    first = run(rate, early=False)
     best_attainment = first.attainment
     if first.attainment >= slo.target:
         low, low_m = rate, first
@@ -185,7 +186,7 @@ def goodput(config: EngineConfig, workload: Workload, slo: Slo, *, seed: int = 0
         candidate = rate
         while low is None:
             candidate /= 4
-            m = run(candidate, stop_early=False)
+            m = run(candidate, early=False)
             best_attainment = max(best_attainment, m.attainment)
             if m.attainment >= slo.target:
                 low, low_m = candidate, m

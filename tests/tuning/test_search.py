@@ -24,7 +24,7 @@ CURRENT = EngineConfig()  # Llama-3.1-8B on one H100, vLLM's defaults
 def _toy(monkeypatch, threshold: float, low_attainment: float = 0.5, high_attainment: float = 1.0):
     calls = []
 
-    def fake_measure(config, workload, slo, rate, *, count=600, seed=0):
+    def fake_measure(config, workload, slo, rate, *, count=600, seed=0, stop_early=False):
         calls.append(rate)
         attainment = high_attainment if rate <= threshold else low_attainment
         return G.Measure(rate, attainment, count, 1, 1, 1, 1, 1, 1, 0, 0, 0, None, 0, rate)
@@ -60,6 +60,37 @@ def test_goodput_in_the_simulator_matches_its_definition():
     assert G.measure(CURRENT, workload, slo, result.goodput * 1.1, count=300).attainment < 0.95
     narrow = G.goodput(CURRENT.replace(max_num_seqs=2, max_num_batched_tokens=2048), workload, slo, count=300)
     assert narrow.goodput < result.goodput / 4
+
+
+@pytest.mark.parametrize("kind", ["chat", "rag"])
+def test_stopping_hopeless_runs_early_changes_no_goodput(kind):
+    """A failing run stops once the target is out of reach: the same goodput as running every rate to its end,
+    and the stopped run is a fail measured on fewer finished requests."""
+    slo = G.Slo({"ttft_ms": 300, "tpot_ms": 30} if kind == "chat" else {"ttft_ms": 1000, "tpot_ms": 30}, 0.95)
+    workload = synthetic(kind)
+    config = EngineConfig(max_num_seqs=32)
+    early = G.goodput(config, workload, slo, count=300)
+    exact = G.goodput(config, workload, slo, count=300, stop_early=False)
+    assert early.goodput == exact.goodput > 0 and early.best_attainment == exact.best_attainment
+    over = G.measure(config, workload, slo, early.goodput * 2, count=300, stop_early=True)
+    whole = G.measure(config, workload, slo, early.goodput * 2, count=300)
+    assert whole.attainment < 0.95 and over.attainment <= whole.attainment and over.completed < whole.completed
+
+
+def test_two_workers_on_one_study_stop_at_the_budget_together():
+    """Workers asking and telling on one storage count each other's trials: the study ends at the budget (at
+    most one trial over per other worker still busy), not at the budget per worker."""
+    import threading
+
+    problem = S.Problem(CURRENT, parse_space({"max_num_seqs": [16, 32, 64, 128, 256]}, CURRENT), synthetic("chat"),
+                        G.Slo({"ttft_ms": 300, "tpot_ms": 30}, 0.95), count=100)
+    study = optuna.create_study(directions=S.directions("goodput"), sampler=S.sampler("goodput", 0))
+    workers = [threading.Thread(target=S.search, args=(problem, study, 6)) for _ in range(2)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(120)
+    assert 6 <= len(S.valid_trials(study)) <= 7
 
 
 # ---------------------------------------------------------------------------------------------- the space
