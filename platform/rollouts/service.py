@@ -501,7 +501,8 @@ def _canary_step(rollout: Rollout, step: dict, fleet: dict) -> None:
     if not status.get("traffic_since"):
         # The step's clock starts when the canary takes its weight, not when the step was entered (replicas start).
         rollout = transition(rollout, action="canary-weight",
-                             reason=f"canary takes {step['weight']:g}% of group {rollout.group}'s traffic for "
+                             reason=f"canary takes {step['weight']:g}% of group {rollout.group}'s traffic"
+                                    f"{' (its baseline twin as much)' if rollout.twin_group else ''} for "
                                     f"{step['interval_seconds']:g} s",
                              step_started_at=now, step_status=_status(rollout, traffic_since=now.isoformat()),
                              figures={"weight": step["weight"]})
