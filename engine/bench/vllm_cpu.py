@@ -347,10 +347,11 @@ def compare(real: RunFigures, simulated: RunFigures) -> dict[str, tuple[float, f
 
 
 FITTED = ("mfu", "bandwidth_efficiency", "serial_fraction", "step_overhead", "layer_overhead", "sequence_overhead",
-          "api_overhead")
+          "api_overhead", "compute_saturation_tokens")
+_LINEAR = {"serial_fraction"}  # fractions, fitted as they are (the others in log space)
 _FIT_BOUNDS = {"mfu": (0.01, 1.0), "bandwidth_efficiency": (0.02, 1.0), "serial_fraction": (0.0, 1.0),
                "step_overhead": (1e-4, 0.05), "layer_overhead": (1e-7, 5e-3), "sequence_overhead": (1e-6, 0.01),
-               "api_overhead": (1e-4, 0.05)}
+               "api_overhead": (1e-4, 0.05), "compute_saturation_tokens": (0.01, 4096.0)}
 
 
 def fit_objective(real: RunFigures, simulated: RunFigures) -> float:
@@ -388,7 +389,7 @@ def fit_cpu_profile(measured: dict[str, RunFigures], model: str, restarts: int =
         values = {}
         for name, value in zip(FITTED, x):
             low, high = _FIT_BOUNDS[name]
-            values[name] = min(high, max(low, math.exp(value) if name != "serial_fraction" else value))
+            values[name] = min(high, max(low, math.exp(value) if name not in _LINEAR else value))
         return start.with_constants(**values)
 
     def score(x) -> float:
@@ -396,7 +397,7 @@ def fit_cpu_profile(measured: dict[str, RunFigures], model: str, restarts: int =
         return sum(fit_objective(measured[p.name], run_simulated(p, configs[p.name], profile)) for p in points)
 
     def encode(profile: HardwareProfile) -> list[float]:
-        return [math.log(max(getattr(profile, name), 1e-9)) if name != "serial_fraction" else getattr(profile, name)
+        return [math.log(max(getattr(profile, name), 1e-9)) if name not in _LINEAR else getattr(profile, name)
                 for name in FITTED]
 
     # Nelder-Mead is local: start from the current constants and from seeded random points of the bounds (in
@@ -404,7 +405,7 @@ def fit_cpu_profile(measured: dict[str, RunFigures], model: str, restarts: int =
     rng = random.Random(0)
     starts = [encode(start)]
     for _ in range(restarts):
-        starts.append([rng.uniform(math.log(max(low, 1e-9)), math.log(high)) if name != "serial_fraction"
+        starts.append([rng.uniform(math.log(max(low, 1e-9)), math.log(high)) if name not in _LINEAR
                        else rng.uniform(low, high) for name, (low, high) in ((n, _FIT_BOUNDS[n]) for n in FITTED)])
     best_result = None
     evaluations = 0

@@ -115,6 +115,7 @@ class ReplicaState:
         # Build the core now so a config the simulator cannot run fails at start-up, not on the first request.
         self.core = EngineCore(config, options=self.options, seed=seed)
         self.options = self.core.options  # with the hardware profile's API overhead filled in
+        self.api_free_at = 0.0  # when the (one-process) API server is done with the requests admitted so far
         self.metrics = ReplicaMetrics(
             config, model_name=self.served_model_name, num_gpu_blocks=getattr(self.core, "num_blocks_total", None)
         )
@@ -335,8 +336,14 @@ async def _generate(http_request: web.Request, kind: str) -> web.StreamResponse:
         prompt_token_ids=request.prompt_token_ids,
         priority=request.priority,
     )
-    # vLLM's input processing (chat template, tokenisation) before the engine core sees the request.
-    remaining = state.options.api_time_before(request.prompt_tokens) - (time.monotonic() - arrival)
+    # vLLM's input processing (chat template, tokenisation) before the engine core sees the request; one API
+    # server process admits one request at a time (SimOptions.api_server_serial, as in virtual time).
+    api_time = state.options.api_time_before(request.prompt_tokens)
+    if state.options.api_server_serial:
+        state.api_free_at = max(state.api_free_at, arrival) + api_time
+        remaining = state.api_free_at - time.monotonic()
+    else:
+        remaining = api_time - (time.monotonic() - arrival)
     if remaining > 0:
         await asyncio.sleep(remaining)
     driver = state.driver

@@ -114,6 +114,11 @@ class SimOptions:
     fast_path: bool = True
     # Keep (inter-token gap, number of requests) samples for ITL percentiles (virtual time turns this on).
     record_itl: bool = False
+    # The API server admits requests one at a time: a request arriving while it works on others waits its turn
+    # for its share of the fixed cost and tokenisation (vLLM's API server is one Python process, and on the CPU
+    # build that cost is CPU time on the cores the engine uses). False: each request is delayed by its own API time
+    # alone (a GPU host's API cost is mostly latency, not one core's work). None: the hardware profile's.
+    api_server_serial: bool | None = None
 
     def __post_init__(self) -> None:
         for name in ("api_overhead_seconds", "tokenize_seconds_per_token", "detokenize_seconds_per_token"):
@@ -127,10 +132,13 @@ class SimOptions:
             raise ValueError(f"SimOptions.num_gpu_blocks_override must be an integer >= 2, not {override!r}")
 
     def resolved_for(self, hardware) -> SimOptions:
-        """These options with the API overhead taken from the hardware profile where it is not set."""
-        if self.api_overhead_seconds is not None:
-            return self
-        return dataclasses.replace(self, api_overhead_seconds=hardware.api_overhead)
+        """These options with the API overhead and admission taken from the hardware profile where not set."""
+        changes = {}
+        if self.api_overhead_seconds is None:
+            changes["api_overhead_seconds"] = hardware.api_overhead
+        if self.api_server_serial is None:
+            changes["api_server_serial"] = hardware.api_server_serial
+        return dataclasses.replace(self, **changes) if changes else self
 
     def api_time_before(self, prompt_tokens: int) -> float:
         """Seconds between a request's arrival and the engine core queueing it (half the fixed cost + tokenising)."""

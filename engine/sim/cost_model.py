@@ -62,6 +62,7 @@ class StepCostModel:
         wbytes = model.weight_dtype_bytes
         peak = hardware.fp8_flops if wbytes == 1 and hardware.fp8_flops else hardware.bf16_flops
         self._flops_rate = peak * hardware.mfu
+        self._saturation = hardware.compute_saturation_tokens
         self._serial = hardware.serial_fraction
         self._byte_rate = hardware.hbm_bandwidth * hardware.bandwidth_efficiency
         self._flops_per_token = 2.0 * model.active_body_params / tp
@@ -97,6 +98,12 @@ class StepCostModel:
                 self._moe_touched[num_tokens] = touched
         return self._dense_weight_bytes + self.model.num_layers * touched * self._expert_bytes_per_layer
 
+    def flops_rate(self, num_tokens: int) -> float:
+        """FLOP/s a pass over ``num_tokens`` tokens reaches (lower for small passes when the profile says so)."""
+        if self._saturation <= 0.0:
+            return self._flops_rate
+        return self._flops_rate * num_tokens / (num_tokens + self._saturation)
+
     def pass_time(self, num_tokens: int, num_logits: int, attention_pairs: float, kv_read_tokens: float) -> float:
         """Seconds for one forward pass; zero tokens cost nothing."""
         if num_tokens <= 0:
@@ -105,7 +112,7 @@ class StepCostModel:
             num_tokens * self._flops_per_token
             + num_logits * self._flops_per_logit
             + attention_pairs * self._flops_per_pair
-        ) / self._flops_rate
+        ) / self.flops_rate(num_tokens)
         memory = (
             self.weight_bytes(num_tokens)
             + (kv_read_tokens + num_tokens) * self.kv_bytes_per_token
@@ -125,9 +132,9 @@ class StepCostModel:
     def _decode_coefficients(self, num_seqs: int, context_sum: float) -> tuple[float, float, float, float, float]:
         """Step k of a decode-only run costs max(ac + bc·k, am + bm·k) + const (contexts grow by num_seqs a step)."""
         n = num_seqs
-        ac = (n * self._flops_per_token + n * self._flops_per_logit + context_sum * self._flops_per_pair) \
-            / self._flops_rate
-        bc = n * self._flops_per_pair / self._flops_rate
+        rate = self.flops_rate(n)
+        ac = (n * self._flops_per_token + n * self._flops_per_logit + context_sum * self._flops_per_pair) / rate
+        bc = n * self._flops_per_pair / rate
         am = (self.weight_bytes(n) + (context_sum + n) * self.kv_bytes_per_token + n * self._act_bytes_per_token) \
             / self._byte_rate
         bm = n * self.kv_bytes_per_token / self._byte_rate

@@ -54,6 +54,15 @@ class HardwareProfile:
     # response), half before the engine sees the request and half after its last token; SimOptions may override
     # it. 1 ms on the GPU hosts' CPUs; fitted for the CPU build, whose API server shares two cores with the engine.
     api_overhead: float = 1.0e-3
+    # How a pass's compute efficiency grows with its tokens n: efficiency = mfu · n / (n + s), s =
+    # compute_saturation_tokens (half of mfu at s tokens). A GEMM over a few rows cannot fill the cores' vector
+    # units or amortise its weight loads as one over a thousand does: on a CPU a long prefill runs several times
+    # more FLOP/s than a small decode batch (whose passes are bound by memory anyway). 0 (the GPU profiles): one
+    # efficiency at every size. (A floor under the curve, f·mfu at n → 0, was tried: the fit drove it to 0.)
+    compute_saturation_tokens: float = 0.0
+    # Whether the API server's per-request cost is one process's CPU work that requests queue for (the CPU build:
+    # SimOptions.api_server_serial), rather than latency each request spends on its own (GPU hosts).
+    api_server_serial: bool = False
 
     @property
     def memory_gib(self) -> float:
@@ -165,13 +174,15 @@ _CPU = HardwareProfile(
     hbm_bandwidth=40e9,
     interconnect_bandwidth=1e9,
     interconnect_latency=1e-3,
-    mfu=0.4655,
-    bandwidth_efficiency=0.3678,
-    serial_fraction=0.4302,
-    step_overhead=1.536e-3,
-    layer_overhead=23.47e-6,
-    sequence_overhead=29.83e-6,
-    api_overhead=13.99e-3,
+    mfu=0.5668,
+    bandwidth_efficiency=0.3676,
+    serial_fraction=0.5645,
+    step_overhead=1.0e-4,
+    layer_overhead=9.078e-6,
+    sequence_overhead=18.57e-6,
+    api_overhead=13.88e-3,
+    compute_saturation_tokens=34.99,
+    api_server_serial=True,
 )
 HARDWARE_PROFILES: dict[str, HardwareProfile] = {
     "H100": _H100,

@@ -166,6 +166,8 @@ def simulate(
          for index, request in enumerate(requests)),
         key=lambda entry: (entry[0], entry[1]),
     )
+    if options.api_server_serial:
+        entries = _admitted_one_at_a_time(entries, options)
     accepted: list[SimRequest] = []
     rejected: list[tuple[SimRequest, str]] = []
     kv_weighted = 0.0
@@ -212,6 +214,18 @@ def simulate(
         now = out.end_time
     summary = summarize(engine, accepted, rejected, options, busy=busy, kv_weighted=kv_weighted, kv_max=kv_max)
     return SimulationResult(requests=accepted, rejected=rejected, summary=summary, engine=engine, engine_calls=calls)
+
+
+def _admitted_one_at_a_time(entries: list, options: SimOptions) -> list:
+    """(time the engine core gets it, index, request) when one API server process admits requests in arrival
+    order: each starts its API work when it has arrived and the server is done with the one before."""
+    order = sorted(entries, key=lambda entry: (entry[2].arrival_time, entry[1]))
+    free = -math.inf
+    out = []
+    for _enter, index, request in order:
+        free = max(free, request.arrival_time) + options.api_time_before(request.prompt_tokens)
+        out.append((free, index, request))
+    return out
 
 
 def summarize(engine: EngineCore, requests: Sequence[SimRequest], rejected: Sequence[tuple[SimRequest, str]],
