@@ -163,9 +163,10 @@ _H100 = HardwareProfile(
 # datasheet: the peak figures are nominal (2 cores x 3 GHz x 128 bf16 FLOP/cycle; one DDR5 channel's worth of
 # bandwidth), and every fitted constant comes from real vLLM runs on the same machine with the fitting
 # configurations of engine/bench/vllm_cpu.py (python -m engine.bench.vllm_cpu --fit --repeat 2, 2026-11-26:
-# SciPy Nelder-Mead, 7 starts), never the held-out ones. The API server's fixed cost per request (14 ms) and the
-# per-step overhead (1.5 ms) weigh more than on a GPU host: vLLM's frontend, scheduler, input preparation and
-# sampling run in Python on the same two cores as the model.
+# SciPy Nelder-Mead, 7 starts; refitted from the same runs' figures with --measured after compute saturation and
+# serial API admission were added), never the held-out ones. The API server's fixed cost per request (14 ms) and
+# the per-sequence cost weigh more than on a GPU host: vLLM's frontend, scheduler, input preparation and sampling
+# run in Python on the same two cores as the model.
 _CPU = HardwareProfile(
     name="CPU",
     memory_bytes=0,  # the KV cache is sized by kv_cache_memory_bytes (engine.config.CPU_KV_CACHE_BYTES)
