@@ -23,6 +23,9 @@ TESTS = Path(__file__).resolve().parent
 # default embedded; tests/engine and tests/collectors: server), to balance the two suites that run side by side:
 # OBSERVATORY_SUITE=embedded|server deselects the others' share. Unset (make test), everything runs.
 # tests/engine's one test of the platform (runplatform --with-engine) is marked mode_dependent: both suites.
+# Tests marked one_suite(suite=...) do use the platform, but what they test is not the mode's: the pages in a real
+# browser (templates, scripts, forms; the data under them is the same API's, tested in both modes by the live
+# API tests) and the API document walked by the fuzzer. They too run once, in the suite named.
 SUITE_OF_DIRECTORY = {"engine": "server", "collectors": "server"}
 
 
@@ -30,7 +33,7 @@ def assigned_suite(item) -> str | None:
     """The one suite a mode-independent test runs in; None for a test that runs in both."""
     if item.get_closest_marker("mode_dependent"):
         return None
-    marker = item.get_closest_marker("mode_independent")
+    marker = item.get_closest_marker("mode_independent") or item.get_closest_marker("one_suite")
     if marker is not None:
         return marker.kwargs.get("suite", "embedded")
     parts = Path(str(item.fspath)).resolve().relative_to(TESTS).parts

@@ -113,6 +113,14 @@ TEMPLATES = [
 ]
 
 
+# SQLite (embedded mode): WAL so readers never wait for the writer; a busy timeout so writers wait their turn;
+# and transactions that take the write lock when they begin (BEGIN IMMEDIATE). A deferred transaction that read
+# first and then writes fails at once with "database is locked" when another connection wrote in between (the
+# busy timeout does not apply to that upgrade); several worker threads (regression runs, rollouts' beat, tuning
+# trials, ingest) write the same file, so every transaction starts as a writer and waits instead.
+SQLITE_OPTIONS = {"timeout": 20, "init_command": "PRAGMA journal_mode=WAL;", "transaction_mode": "IMMEDIATE"}
+
+
 def database_from_url(url: str) -> dict:
     """DATABASE_URL → Django DATABASES entry (postgres:// or postgresql://, sqlite:///path)."""
     parsed = urlparse(url)
@@ -130,7 +138,8 @@ def database_from_url(url: str) -> dict:
             "OPTIONS": options,
         }
     if parsed.scheme == "sqlite":
-        return {"ENGINE": "django.db.backends.sqlite3", "NAME": unquote(parsed.path) or ":memory:"}
+        return {"ENGINE": "django.db.backends.sqlite3", "NAME": unquote(parsed.path) or ":memory:",
+                "OPTIONS": dict(SQLITE_OPTIONS)}
     raise ValueError(f"DATABASE_URL: unsupported scheme {parsed.scheme!r} (use postgresql:// or sqlite:///)")
 
 
@@ -142,7 +151,7 @@ else:
         "default": {
             "ENGINE": "django.db.backends.sqlite3",
             "NAME": str(DATA_DIR / "observatory.sqlite3"),
-            "OPTIONS": {"timeout": 20, "init_command": "PRAGMA journal_mode=WAL;"},
+            "OPTIONS": dict(SQLITE_OPTIONS),
         }
     }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
@@ -293,6 +302,11 @@ TUNING = {
     # The confirmation replay's highest rate (requests/s): real-time simulated replicas share this host's CPUs.
     "CONFIRM_MAX_RATE": envfloat("TUNING_CONFIRM_MAX_RATE", 20.0),
     "CONFIRM_ITEMS": envint("TUNING_CONFIRM_ITEMS", 200),
+    # Simulated requests per rate a goodput search replays (more: steadier figures, slower trials).
+    "SIM_REQUESTS": envint("TUNING_SIM_REQUESTS", 400),
+    # Robust re-scoring: the best distinct candidates (and the current config) re-scored over this many seeds.
+    "RESCORE_CANDIDATES": envint("TUNING_RESCORE_CANDIDATES", 5),
+    "RESCORE_SEEDS": envint("TUNING_RESCORE_SEEDS", 5),
 }
 
 # Rollouts (platform/rollouts, docs/rollouts.md).

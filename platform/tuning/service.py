@@ -42,8 +42,6 @@ log = logging.getLogger(__name__)
 
 DEFAULT_SLO = {"ttft_ms": 500.0, "tpot_ms": 50.0}
 DEFAULT_TARGET = 0.95
-TOP_CANDIDATES = 5
-ROBUST_SEEDS = 5
 
 
 class StudyError(ValueError):
@@ -265,7 +263,8 @@ def _update(study: TuningStudy, **fields) -> None:
 def problem_of(study: TuningStudy) -> S.Problem:
     current = EngineConfig.from_dict(study.current_config)
     return S.Problem(current=current, space=parse_space(study.space, current), workload=Workload.from_dict(
-        study.workload), slo=Slo(**study.slo), objective=study.objective, seed=study.seed)
+        study.workload), slo=Slo(**study.slo), objective=study.objective, seed=study.seed,
+        count=cfg("SIM_REQUESTS"))
 
 
 def execute(study_id: int) -> str | None:
@@ -526,7 +525,7 @@ def _rescore(study: TuningStudy, problem: S.Problem, ostudy, result: dict) -> di
         seen.add(key)
         candidates.append({"trial": t.number, "config": t.user_attrs["config"], "score": t.user_attrs["score"],
                            "goodput": t.user_attrs["goodput"], "params": t.params})
-        if len(candidates) >= TOP_CANDIDATES:
+        if len(candidates) >= cfg("RESCORE_CANDIDATES"):
             break
     if not candidates or max(c["goodput"] for c in candidates) <= 0:
         best_attainment = max([t.user_attrs.get("best_attainment", 0.0) for t in trials]
@@ -538,7 +537,7 @@ def _rescore(study: TuningStudy, problem: S.Problem, ostudy, result: dict) -> di
         return out
     rescored = S.robust(problem, candidates + [{"trial": None, "config": current["config"],
                                                 "score": current["score"], "goodput": current["goodput"],
-                                                "params": {}, "is_current": True}], seeds=ROBUST_SEEDS)
+                                                "params": {}, "is_current": True}], seeds=cfg("RESCORE_SEEDS"))
     current_r = next(c for c in rescored if c.get("is_current"))
     winner = S.choose([c for c in rescored if not c.get("is_current")])
     if winner["robust_score"] <= current_r["robust_score"]:

@@ -20,6 +20,9 @@ from observatory.bench.payloads import add_attribute
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from otlp_live_helpers import _drop_database, _server_mode_database, post_traces
 
+# Pages in a browser: run in one CI suite (tests/conftest.py).
+pytestmark = pytest.mark.one_suite(suite="embedded")
+
 playwright_api = pytest.importorskip("playwright.sync_api")
 
 MS = 1_000_000

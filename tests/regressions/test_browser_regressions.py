@@ -13,6 +13,9 @@ from pathlib import Path
 
 import pytest
 
+# Pages in a browser: run in one CI suite (tests/conftest.py).
+pytestmark = pytest.mark.one_suite(suite="server")
+
 playwright_api = pytest.importorskip("playwright.sync_api")
 
 

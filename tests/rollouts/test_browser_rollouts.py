@@ -12,6 +12,9 @@ from pathlib import Path
 
 import pytest
 
+# Pages in a browser: run in one CI suite (tests/conftest.py).
+pytestmark = pytest.mark.one_suite(suite="embedded")
+
 playwright_api = pytest.importorskip("playwright.sync_api")
 
 

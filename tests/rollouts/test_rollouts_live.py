@@ -8,9 +8,21 @@ import time
 
 import pytest
 
-# Short steps for a test: 5 s settle, 20 s window, a look every 3 s; a verdict on 20 requests a side.
-FAST = {"settle_seconds": 5, "window_seconds": 20, "look_every_seconds": 3, "min_requests": 20,
+# Short steps for a test: 3 s settle, a first look after 12 s more, then every 3 s; a verdict on 20 requests a side.
+FAST = {"settle_seconds": 3, "window_seconds": 12, "look_every_seconds": 3, "min_requests": 20,
         "max_extensions": 1}
+
+
+@pytest.fixture(autouse=True)
+def no_rollout_left_running(world):
+    """A test that fails midway leaves no active rollout behind to make the next ones' start refused (busy
+    group): it is aborted, and its canary and twin are waited out, after the test."""
+    yield
+    status, body = world.api("GET", "/api/v1/rollouts?project=default")
+    for rollout in body.get("rollouts", []) if status == 200 else []:
+        if rollout["state"] in ("pending", "gating", "progressing", "paused"):
+            world.api("POST", f"/api/v1/rollouts/{rollout['id']}/abort")
+            world.wait_canary_gone(rollout["canary_group"], timeout=120)
 
 
 def start(world, config: dict, plan: dict | None = None, token: str | None = None, group: str = "base"):
@@ -142,7 +154,7 @@ def test_no_traffic_pauses_as_inconclusive(world):
     world.stop_load()
     try:
         time.sleep(3)
-        plan = {"steps": [{"canary": 20, "interval": 25}], "analysis": {**FAST, "max_extensions": 1}}
+        plan = {"steps": [{"canary": 20, "interval": 15}], "analysis": {**FAST, "max_extensions": 1}}
         status, body = start(world, {"max_num_seqs": 96}, plan)
         assert status == 201, body
         paused = world.wait_state(body["id"], "paused", "rolled_back", "promoted", timeout=200)

@@ -46,9 +46,10 @@ class _NoRedirect(urllib.request.HTTPRedirectHandler):
         return None
 
 
-@pytest.fixture
-def platform(fresh_platform_factory):
-    platform = fresh_platform_factory(extra_env={"LOGIN_FAILURE_LIMIT": "5", "LOGIN_COOLOFF_MINUTES": "0.05",
+@pytest.fixture(scope="module")
+def platform(module_platform_factory):
+    # One platform for the module: each test attacks from an address of its own.
+    platform = module_platform_factory(extra_env={"LOGIN_FAILURE_LIMIT": "5", "LOGIN_COOLOFF_MINUTES": "0.05",
                                                  "OBSERVATORY_TRUSTED_PROXIES": "1"})
     env = {**platform.process.env, "DJANGO_SUPERUSER_PASSWORD": "correct horse battery staple"}
     subprocess.run([sys.executable, str(ROOT / "manage.py"), "createsuperuser", "--noinput", "--username", "root",

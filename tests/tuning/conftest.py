@@ -84,6 +84,9 @@ def live(tmp_path_factory):
                    "TUNING_QUEUED_GRACE_SECONDS": "3", "TUNING_CONFIRM_MAX_RATE": "8", "TUNING_CONFIRM_ITEMS": "80",
                    # Two workers share each study's trials (ask-and-tell on the shared Optuna storage).
                    "TUNING_PARALLEL_TRIALS": "2",
+                   # Smaller studies than the defaults (the winner still clearly beats max_num_seqs 8): 200
+                   # simulated requests per rate, the best 3 re-scored over 3 seeds.
+                   "TUNING_SIM_REQUESTS": "200", "TUNING_RESCORE_CANDIDATES": "3", "TUNING_RESCORE_SEEDS": "3",
                    "REGRESSIONS_SWEEP_INTERVAL_SECONDS": "2", "REGRESSIONS_QUEUED_GRACE_SECONDS": "3"})
     try:
         process.manage("migrate", "-v0")

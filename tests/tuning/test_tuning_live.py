@@ -92,7 +92,9 @@ def test_tenancy_and_roles(live):
     assert live.api("POST", "/api/v1/tuning-studies", {"group": "base", "workload": "synthetic:chat"},
                     token=viewer)[0] == 403
     assert live.api("GET", f"/api/v1/tuning-studies/{study['id']}", token=viewer)[0] == 200
-    live.wait(study["id"])
+    # Its own project's operator cancels it (not needed further; a study this small may be done by then).
+    assert live.api("POST", f"/api/v1/tuning-studies/{study['id']}/cancel")[0] in (202, 409)
+    assert live.wait(study["id"])["state"] in ("cancelled", "done")
 
 
 def test_slos_no_config_can_meet_end_the_study_saying_so(live):
@@ -104,7 +106,7 @@ def test_slos_no_config_can_meet_end_the_study_saying_so(live):
 
 def test_a_platform_restart_mid_study_resumes_it(live):
     status, study = live.api("POST", "/api/v1/tuning-studies", {"group": "base", "workload": "synthetic:chat",
-                                                                "trials": 30, "confirm": False, "seed": 7})
+                                                                "trials": 16, "confirm": False, "seed": 7})
     assert status == 201, study
     deadline = time.monotonic() + 120
     while live.api("GET", f"/api/v1/tuning-studies/{study['id']}")[1]["trials"] < 3:
@@ -118,7 +120,7 @@ def test_a_platform_restart_mid_study_resumes_it(live):
     status, trials = live.api("GET", f"/api/v1/tuning-studies/{study['id']}/trials")
     valid = [t for t in trials["trials"] if t["valid"]]
     # Every slot ends in a valid trial (one more when a worker died between taking a slot and leasing its trial).
-    assert 30 <= len(valid) <= 31 and done["trials"] == len(valid)
+    assert 16 <= len(valid) <= 17 and done["trials"] == len(valid)
     # Two workers ran the trials: some were running at the same time (their Optuna start times overlap).
     assert not [t for t in trials["trials"] if t["state"] == "running"]
 
