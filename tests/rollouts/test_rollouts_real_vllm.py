@@ -4,9 +4,12 @@ group is a real `vllm serve` started by the fleet controller at run time; one ro
 new config). The verdicts come from vLLM's own llm_request spans (queue, prefill, decode). Skipped without vLLM
 unless OBSERVATORY_REQUIRE_VLLM=1.
 
-Not in CI: on this 2-core host the module takes ~16 minutes (each real replica starts in 1-2 minutes beside a loaded
-one; the promotion's drain-and-replace starts another), more than the CI budget allows beside the rest. Run it with
-OBSERVATORY_REAL_VLLM_ROLLOUTS=1 (measured here: rollback 5 min, promotion 10 min)."""
+The canary is compared with its baseline twin (a third real vLLM process: the group's config, as much traffic).
+
+Not in CI: on this 2-core host the module takes ~10 minutes (each real replica starts in a minute or two beside a
+loaded one; the promotion's drain-and-replace starts another), more than the CI budget allows beside the rest. Run it
+with OBSERVATORY_REAL_VLLM_ROLLOUTS=1 (measured here 2026-11-26, with the twin: rollback 181 s, promotion 338 s,
+module 9.5 min)."""
 from __future__ import annotations
 
 import os
