@@ -24,7 +24,6 @@ import argparse
 import concurrent.futures
 import json
 import multiprocessing
-import os
 import statistics
 import subprocess
 import sys
@@ -65,10 +64,10 @@ def _storage(url: str) -> optuna.storages.RDBStorage:
     return optuna.storages.RDBStorage(url, engine_kwargs={"connect_args": {"timeout": 60}})
 
 
-def _search_worker(kind: str, url: str, trials: int) -> None:
+def _search_worker(kind: str, url: str, trials: int, worker: int) -> None:
     """One worker of the study: ask and tell on the shared storage until it holds ``trials`` valid trials."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = optuna.load_study(study_name=kind, storage=_storage(url), sampler=S.sampler("goodput", os.getpid()))
+    study = optuna.load_study(study_name=kind, storage=_storage(url), sampler=S.sampler("goodput", worker))
     S.search(_problem(kind), study, trials)
 
 
@@ -91,7 +90,7 @@ def study_figures(kind: str, trials: int, storage_dir: Path, workers: int) -> No
     S.seed_start(problem, study)
     context = multiprocessing.get_context("fork")
     with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context) as pool:
-        for future in [pool.submit(_search_worker, kind, url, trials) for _ in range(workers)]:
+        for future in [pool.submit(_search_worker, kind, url, trials, worker) for worker in range(workers)]:
             future.result()
         searched = time.perf_counter() - started
         candidates = []
