@@ -314,7 +314,8 @@ def run_simulated(point: GridPoint, config: EngineConfig, hardware: HardwareProf
                 for i, (arrival, prompt, output) in enumerate(point.workload.requests())]
     result = simulate(config, requests, hardware=hardware, seed=0)
     summary = result.summary
-    end = max(r.finished_time for r in result.requests if r.finished_time is not None)
+    options = result.engine.options
+    end = max(options.client_end(r) for r in result.requests if r.finished_time is not None)
     start = min(r.arrival_time for r in result.requests)
     tokens = sum(r.num_generated for r in result.requests)
     return RunFigures(summary.ttft_ms, summary.tpot_ms, tokens / (end - start), summary.mean_queue_ms,
@@ -347,11 +348,12 @@ def compare(real: RunFigures, simulated: RunFigures) -> dict[str, tuple[float, f
 
 
 FITTED = ("mfu", "bandwidth_efficiency", "serial_fraction", "step_overhead", "layer_overhead", "sequence_overhead",
-          "api_overhead", "compute_saturation_tokens")
+          "api_overhead", "compute_saturation_tokens", "api_token_overhead")
 _LINEAR = {"serial_fraction"}  # fractions, fitted as they are (the others in log space)
 _FIT_BOUNDS = {"mfu": (0.01, 1.0), "bandwidth_efficiency": (0.02, 1.0), "serial_fraction": (0.0, 1.0),
                "step_overhead": (1e-4, 0.05), "layer_overhead": (1e-7, 5e-3), "sequence_overhead": (1e-6, 0.01),
-               "api_overhead": (1e-4, 0.05), "compute_saturation_tokens": (0.01, 4096.0)}
+               "api_overhead": (1e-4, 0.05), "compute_saturation_tokens": (0.01, 4096.0),
+               "api_token_overhead": (1e-7, 5e-3)}
 
 
 def fit_objective(real: RunFigures, simulated: RunFigures) -> float:

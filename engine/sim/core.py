@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
+import math
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -76,6 +77,10 @@ class SimRequest:
     num_cached_tokens: int = 0  # prefix-cache hit at first scheduling, in tokens
     num_preemptions: int = 0
     finish_reason: str | None = None  # "length" | "abort"
+    # How long the API server's token stream lagged behind the engine when the first and the last token were made
+    # (SimOptions.api_seconds_per_output_token; 0 when it keeps up): the client sees them that much later.
+    stream_lag_first: float = 0.0
+    stream_lag_last: float = 0.0
 
     @property
     def finished(self) -> bool:
@@ -119,11 +124,15 @@ class SimOptions:
     # build that cost is CPU time on the cores the engine uses). False: each request is delayed by its own API time
     # alone (a GPU host's API cost is mostly latency, not one core's work). None: the hardware profile's.
     api_server_serial: bool | None = None
+    # The API server's work per streamed output token (HardwareProfile.api_token_overhead), queued in the order the
+    # engine makes tokens; None: the hardware profile's.
+    api_seconds_per_output_token: float | None = None
 
     def __post_init__(self) -> None:
-        for name in ("api_overhead_seconds", "tokenize_seconds_per_token", "detokenize_seconds_per_token"):
+        for name in ("api_overhead_seconds", "tokenize_seconds_per_token", "detokenize_seconds_per_token",
+                     "api_seconds_per_output_token"):
             value = getattr(self, name)
-            if value is None and name == "api_overhead_seconds":
+            if value is None and name in ("api_overhead_seconds", "api_seconds_per_output_token"):
                 continue
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
                 raise ValueError(f"SimOptions.{name} must be a number >= 0, not {value!r}")
@@ -138,6 +147,8 @@ class SimOptions:
             changes["api_overhead_seconds"] = hardware.api_overhead
         if self.api_server_serial is None:
             changes["api_server_serial"] = hardware.api_server_serial
+        if self.api_seconds_per_output_token is None:
+            changes["api_seconds_per_output_token"] = hardware.api_token_overhead
         return dataclasses.replace(self, **changes) if changes else self
 
     def api_time_before(self, prompt_tokens: int) -> float:
@@ -147,6 +158,15 @@ class SimOptions:
     def api_time_after(self, output_tokens: int) -> float:
         """Seconds between the last token and the response completing (half the fixed cost + detokenising)."""
         return self.api_overhead_seconds / 2 + self.detokenize_seconds_per_token * output_tokens
+
+    @staticmethod
+    def client_first_token(request: SimRequest) -> float:
+        """When the client receives the first token: the engine's time plus the API server's stream lag."""
+        return request.first_token_time + request.stream_lag_first
+
+    def client_end(self, request: SimRequest) -> float:
+        """When the client has the whole response: the last token through the stream, then the API's time after."""
+        return request.finished_time + request.stream_lag_last + self.api_time_after(request.num_generated)
 
 
 _WAITING, _RUNNING, _FINISHED = 0, 1, 2
@@ -261,6 +281,13 @@ class EngineCore:
         self.num_steps_total = 0
         self.busy_seconds_total = 0.0
         self.itl_samples: list[tuple[float, int]] = []
+        # The API server's token stream as a fluid queue: work (seconds) not yet done at _stream_clock.
+        self._stream_cost = self.options.api_seconds_per_output_token or 0.0
+        self._stream_backlog = 0.0
+        self._stream_clock = -math.inf
+        self._stream_last_work = 0.0
+        self._stream_lag = 0.0  # how far behind the engine the stream is after the last step
+        self._admit_backlog = 0.0  # the server's admission work not yet done at _stream_clock
 
     # ------------------------------------------------------------------ state
     @property
@@ -740,6 +767,9 @@ class EngineCore:
                          num_preempted=len(preempted))
         new_tokens = out.new_tokens
         record_itl = self.options.record_itl
+        if self._stream_cost:
+            self._stream(now, end, agg_tokens + sum(emitted for _seq, emitted in emitters), 1)
+        lag = self._stream_lag if self._stream_cost else 0.0
 
         # 4. The aggregate: every member computed one token and sampled the next.
         if agg_tokens:
@@ -762,6 +792,7 @@ class EngineCore:
             self.generation_tokens_total += emitted
             if first:
                 request.first_token_time = end
+                request.stream_lag_first = lag
                 self.prompt_tokens_total += seq.prompt
             elif record_itl:
                 self.itl_samples.append((end - seq.last_emit, 1))
@@ -811,9 +842,62 @@ class EngineCore:
         request.num_generated = seq.generated
         request.finish_reason = reason
         request.finished_time = now
+        request.stream_lag_last = self._stream_lag if self._stream_cost and self._stream_clock <= now else 0.0
         del self._requests[request.request_id]
         if reason == "length":
             self.num_requests_finished += 1
+
+    def _stream(self, start: float, end: float, tokens: int, steps: int) -> None:
+        """The API server's token stream over ``steps`` equal steps from ``start`` to ``end`` that made ``tokens``
+        tokens (each step's share at its end), as a fluid queue: a step whose tokens need more of the server than
+        the step lasts leaves a backlog that grows, one that needs less drains it. The server shares its time
+        between the tokens and the requests it is admitting (``stream_admit``), so either class waits longer while
+        the other has work. The lag at a token's step is how much later than the engine the client sees it."""
+        self._stream_drain(start - self._stream_clock)
+        step = (end - start) / steps
+        work = tokens / steps * self._stream_cost
+        for _ in range(steps):
+            self._stream_drain(step)
+            self._stream_backlog += work
+        self._stream_clock = end
+        self._stream_last_work = work
+        backlog = self._stream_backlog
+        self._stream_lag = backlog + min(backlog, self._admit_backlog)
+
+    def _stream_drain(self, elapsed: float) -> None:
+        """``elapsed`` seconds of the server's work: shared equally while both classes wait, else all to one."""
+        if elapsed <= 0:
+            return
+        admit, tokens = self._admit_backlog, self._stream_backlog
+        if admit > 0 and tokens > 0:
+            both = min(admit, tokens)
+            if elapsed <= 2 * both:
+                admit -= elapsed / 2
+                tokens -= elapsed / 2
+            else:
+                rest = elapsed - 2 * both
+                admit = max(0.0, admit - both - rest)
+                tokens = max(0.0, tokens - both - rest)
+        elif admit > 0:
+            admit = max(0.0, admit - elapsed)
+        else:
+            tokens = max(0.0, tokens - elapsed)
+        self._admit_backlog, self._stream_backlog = admit, tokens
+
+    def stream_admit(self, arrival: float, work: float) -> float:
+        """One request's API work before the engine (``work`` seconds) on the one API-server process
+        (SimOptions.api_server_serial): requests are admitted in turn, and share the server with the tokens it
+        streams. Returns when the request reaches the engine core. A request arriving during a step already
+        simulated competes with the tokens before that step's, which the server gets at the step's end."""
+        if arrival >= self._stream_clock:
+            self._stream_drain(arrival - self._stream_clock)
+            self._stream_clock = arrival
+            tokens = self._stream_backlog
+        else:
+            tokens = max(0.0, self._stream_backlog - self._stream_last_work)
+        self._admit_backlog += work
+        admit = self._admit_backlog
+        return arrival + admit + min(admit, tokens)
 
     # ------------------------------------------------------------------ runs of decode steps
     def _run_length(self, start: float, until: float | None) -> int:
@@ -861,6 +945,8 @@ class EngineCore:
             blocks += bucket[(tick + extra) % size]
         self.pool.take(blocks)
         duration = self.cost.decode_run_time(n, context, steps)
+        if self._stream_cost:
+            self._stream(start, start + duration, n * steps, steps)
         if self.options.record_itl:
             step_time = self.cost.decode_step_time
             samples = self.itl_samples

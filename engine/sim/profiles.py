@@ -63,6 +63,12 @@ class HardwareProfile:
     # Whether the API server's per-request cost is one process's CPU work that requests queue for (the CPU build:
     # SimOptions.api_server_serial), rather than latency each request spends on its own (GPU hosts).
     api_server_serial: bool = False
+    # Seconds of the API server's work per output token it streams (detokenising, one server-sent event per token
+    # per stream), done by that one process in the order the engine produced the tokens: when a step's tokens
+    # need more of it than the step lasts, tokens reach the clients later than the engine made them and the lag
+    # grows (SimOptions.api_seconds_per_output_token). 0 on the GPU hosts, where a step's tens of tokens cost the
+    # server far less than the step; fitted for the CPU build, whose server shares two cores with the engine.
+    api_token_overhead: float = 0.0
 
     @property
     def memory_gib(self) -> float:
@@ -175,15 +181,16 @@ _CPU = HardwareProfile(
     hbm_bandwidth=40e9,
     interconnect_bandwidth=1e9,
     interconnect_latency=1e-3,
-    mfu=0.5668,
-    bandwidth_efficiency=0.3676,
-    serial_fraction=0.5645,
+    mfu=0.5708,
+    bandwidth_efficiency=0.366,
+    serial_fraction=0.5734,
     step_overhead=1.0e-4,
-    layer_overhead=9.078e-6,
-    sequence_overhead=18.57e-6,
-    api_overhead=13.88e-3,
-    compute_saturation_tokens=34.99,
+    layer_overhead=8.882e-6,
+    sequence_overhead=15.26e-6,
+    api_overhead=13.54e-3,
+    compute_saturation_tokens=35.29,
     api_server_serial=True,
+    api_token_overhead=3.21e-4,
 )
 HARDWARE_PROFILES: dict[str, HardwareProfile] = {
     "H100": _H100,

@@ -14,6 +14,7 @@ Every result is labelled ``simulated``.
 from __future__ import annotations
 
 import dataclasses
+import heapq
 import math
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -161,27 +162,31 @@ def simulate(
     options = dataclasses.replace(options or SimOptions(), record_itl=True)
     engine = EngineCore(config, hardware=hardware, model=model, options=options, seed=seed)
     options = engine.options  # with the hardware profile's API overhead filled in
-    entries = sorted(
-        ((request.arrival_time + options.api_time_before(request.prompt_tokens), index, request)
-         for index, request in enumerate(requests)),
-        key=lambda entry: (entry[0], entry[1]),
-    )
-    if options.api_server_serial:
-        entries = _admitted_one_at_a_time(entries, options)
+    # Requests in arrival order; each reaches the engine core after its API work (admit): at once on a GPU host,
+    # or in turn on the CPU build's one API-server process, behind the other requests and the tokens it streams.
+    arrivals = sorted(enumerate(requests), key=lambda item: (item[1].arrival_time, item[0]))
+    serial = options.api_server_serial
+    ready: list[tuple[float, int, SimRequest]] = []  # (when the engine core gets it, index, request), a heap
     accepted: list[SimRequest] = []
     rejected: list[tuple[SimRequest, str]] = []
     kv_weighted = 0.0
     kv_max = 0.0
     busy = 0.0
-    now = entries[0][0] if entries else 0.0
+    count = len(arrivals)
+    now = arrivals[0][1].arrival_time if arrivals else 0.0
     position = 0
-    count = len(entries)
-    add, advance, step = engine.add_request, engine.advance, engine.step
+    add, advance, step, admit = engine.add_request, engine.advance, engine.step, engine.stream_admit
     calls = 0
+    inf = math.inf
     while True:
-        while position < count and entries[position][0] <= now:
-            enter, _index, request = entries[position]
+        while position < count and arrivals[position][1].arrival_time <= now:
+            index, request = arrivals[position]
             position += 1
+            work = options.api_time_before(request.prompt_tokens)
+            enter = admit(request.arrival_time, work) if serial else request.arrival_time + work
+            heapq.heappush(ready, (enter, index, request))
+        while ready and ready[0][0] <= now:
+            enter, _index, request = heapq.heappop(ready)
             try:
                 # vLLM's engine core takes new requests from its input queue between steps: a request that
                 # reached it during a step is queued (queued_ts) at the step's end, not when it arrived.
@@ -190,21 +195,23 @@ def simulate(
                 rejected.append((request, str(exc)))
                 continue
             accepted.append(request)
+        following = min(arrivals[position][1].arrival_time if position < count else inf,
+                        ready[0][0] if ready else inf)
         if not engine.has_unfinished_requests():
-            if position >= count:
+            if following == inf:
                 break
-            now = entries[position][0]
+            now = max(now, following)
             continue
-        until = entries[position][0] if position < count else None
+        until = following if following < inf else None
         out = advance(now, until, collect=False) if skip else step(now)
         calls += 1
         if stop is not None and calls % stop_every == 0 and stop(out.end_time):
             break
         if out.num_scheduled_tokens == 0:
             # Nothing could run (every waiting request blocked): only a new arrival can change that.
-            if position >= count:
+            if following == inf:
                 raise RuntimeError("the simulated engine is stuck: requests wait but nothing can be scheduled")
-            now = max(now, entries[position][0])
+            now = max(now, following)
             continue
         usage = engine.kv_cache_usage
         kv_weighted += usage * out.duration
@@ -216,18 +223,6 @@ def simulate(
     return SimulationResult(requests=accepted, rejected=rejected, summary=summary, engine=engine, engine_calls=calls)
 
 
-def _admitted_one_at_a_time(entries: list, options: SimOptions) -> list:
-    """(time the engine core gets it, index, request) when one API server process admits requests in arrival
-    order: each starts its API work when it has arrived and the server is done with the one before."""
-    order = sorted(entries, key=lambda entry: (entry[2].arrival_time, entry[1]))
-    free = -math.inf
-    out = []
-    for _enter, index, request in order:
-        free = max(free, request.arrival_time) + options.api_time_before(request.prompt_tokens)
-        out.append((free, index, request))
-    return out
-
-
 def summarize(engine: EngineCore, requests: Sequence[SimRequest], rejected: Sequence[tuple[SimRequest, str]],
               options: SimOptions, *, busy: float, kv_weighted: float, kv_max: float) -> SimulationSummary:
     """vLLM-benchmark-style figures for finished requests of a run."""
@@ -237,9 +232,9 @@ def summarize(engine: EngineCore, requests: Sequence[SimRequest], rejected: Sequ
     end = start
     output_tokens = prompt_tokens = 0
     for request in done:
-        response_end = request.finished_time + options.api_time_after(request.num_generated)
+        response_end = options.client_end(request)
         end = max(end, response_end)
-        first = request.first_token_time - request.arrival_time
+        first = options.client_first_token(request) - request.arrival_time
         total = response_end - request.arrival_time
         ttft.append(first * 1e3)
         e2el.append(total * 1e3)

@@ -79,9 +79,8 @@ def measure(config: EngineConfig, workload: Workload, slo: Slo, rate: float, *, 
         done = id(request) not in rejected and request.finish_reason == "length" \
             and request.first_token_time is not None
         if done:
-            first = (request.first_token_time - request.arrival_time) * 1e3
-            total = (request.finished_time + options.api_time_after(request.num_generated)
-                     - request.arrival_time) * 1e3
+            first = (options.client_first_token(request) - request.arrival_time) * 1e3
+            total = (options.client_end(request) - request.arrival_time) * 1e3
             per_token = (total - first) / (request.num_generated - 1) if request.num_generated > 1 else None
             ttft.append(first)
             e2e.append(total)

@@ -146,3 +146,48 @@ def test_percentiles_interpolate_like_numpy():
     assert (weighted.p50, weighted.p90, weighted.p99) == pytest.approx((plain.p50, plain.p90, plain.p99))
     assert LatencyStats.of_weighted([(5.0, 3), (1.0, 1)]).p50 == 5.0
     assert math.isnan(LatencyStats.of([]).mean)
+
+
+def test_one_api_server_admits_a_burst_in_turn():
+    burst = [SimRequest(f"r{i}", 100, 4, 0.0) for i in range(5)]
+    api = dict(api_overhead_seconds=4e-3, tokenize_seconds_per_token=0.0, detokenize_seconds_per_token=0.0,
+               api_seconds_per_output_token=0.0)
+    serial = simulate(EngineConfig(max_model_len=4096), _copy(burst), options=SimOptions(api_server_serial=True, **api))
+    apart = simulate(EngineConfig(max_model_len=4096), _copy(burst), options=SimOptions(api_server_serial=False, **api))
+    # Half the fixed cost (2 ms) before the engine: one process does it for one request after another, so the
+    # i-th request reaches the engine core 2 ms x (i + 1) after the burst (or at the end of the step then running).
+    by_id = {r.request_id: r for r in serial.requests}
+    assert by_id["r0"].queued_time == pytest.approx(2e-3)
+    for i in range(5):
+        assert by_id[f"r{i}"].queued_time >= 2e-3 * (i + 1) - 1e-9
+    assert {round(r.queued_time, 9) for r in apart.requests} == {0.002}
+
+
+def test_a_server_slower_than_the_engine_at_streaming_makes_clients_see_tokens_late():
+    config = EngineConfig(max_model_len=4096)
+    requests = [SimRequest(f"r{i}", 64, 100, 0.0) for i in range(8)]
+    base = dict(api_overhead_seconds=0.0, tokenize_seconds_per_token=0.0, detokenize_seconds_per_token=0.0,
+                api_server_serial=True)
+    fast = simulate(config, _copy(requests), options=SimOptions(api_seconds_per_output_token=0.0, **base))
+    slow = simulate(config, _copy(requests), options=SimOptions(api_seconds_per_output_token=5e-3, **base))
+    # The engine is the same; only what the clients see changes.
+    assert [r.finished_time for r in fast.requests] == pytest.approx([r.finished_time for r in slow.requests])
+    assert all(r.stream_lag_first == 0.0 and r.stream_lag_last == 0.0 for r in fast.requests)
+    engine_tpot = fast.summary.tpot_ms.p50
+    assert engine_tpot < 20.0  # an H100 decodes 8 sequences of an 8B model far faster than 8 x 5 ms per step
+    # 8 streams x 5 ms per token: the server, not the engine, sets the pace; the lag grows over the response.
+    assert slow.summary.tpot_ms.p50 == pytest.approx(8 * 5.0, rel=0.05)
+    assert slow.summary.output_throughput == pytest.approx(1 / 5e-3, rel=0.05)
+    assert all(r.stream_lag_last > r.stream_lag_first > 0 for r in slow.requests)
+
+
+def test_stream_lag_is_the_same_with_and_without_event_skipping():
+    config = EngineConfig(max_model_len=4096, max_num_seqs=32)
+    requests = poisson_sharegpt(20.0, count=120, seed=3)
+    options = SimOptions(api_server_serial=True, api_seconds_per_output_token=3e-4)
+    skipped = simulate(config, _copy(requests), options=options, skip=True)
+    stepped = simulate(config, _copy(requests), options=options, skip=False)
+    for a, b in zip(skipped.requests, stepped.requests):
+        assert a.queued_time == pytest.approx(b.queued_time, rel=1e-9, abs=1e-9)
+        assert a.stream_lag_first == pytest.approx(b.stream_lag_first, rel=1e-6, abs=1e-9)
+        assert a.stream_lag_last == pytest.approx(b.stream_lag_last, rel=1e-6, abs=1e-9)

@@ -34,7 +34,7 @@ from pathlib import Path
 import optuna
 from tuning import search as S
 from tuning.goodput import Slo, goodput
-from tuning.space import check, parse_space
+from tuning.space import DEFAULT_SPACE, check, parse_space
 from tuning.workload import synthetic
 
 from engine.config import EngineConfig
@@ -54,9 +54,25 @@ def robust_default(problem: S.Problem, config: EngineConfig) -> dict:
     return scored
 
 
+# A team with a trained EAGLE-3 head for its model can let the study use it (--eagle3): the head for
+# Llama-3.1-8B-Instruct whose acceptance on MT-Bench vLLM issue #20780 measured (engine/sim/speculative.py).
+EAGLE3_HEAD = "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B"
+_DRAFT: str | None = None  # set by --eagle3 before the worker processes fork
+
+
+def _space_data() -> dict | None:
+    if _DRAFT is None:
+        return None  # the default space: n-gram drafting is the only method that needs no draft model
+    return dict(DEFAULT_SPACE, speculative_method=["none", "ngram", "eagle3"], speculative_model=_DRAFT)
+
+
+def _label(kind: str) -> str:
+    return f"{kind}_eagle3" if _DRAFT else kind
+
+
 def _problem(kind: str) -> S.Problem:
     default = EngineConfig()
-    return S.Problem(default, parse_space(None, default), synthetic(kind), SLOS[kind])
+    return S.Problem(default, parse_space(_space_data(), default), synthetic(kind), SLOS[kind])
 
 
 def _storage(url: str) -> optuna.storages.RDBStorage:
@@ -101,19 +117,19 @@ def study_figures(kind: str, trials: int, storage_dir: Path, workers: int) -> No
     base = robust_default(problem, default)
     grid = S.grid_baseline(problem, trials)
     ratio = winner["robust_score"] / base["robust_score"] if base["robust_score"] > 0 else float("inf")
-    print(f"# {kind}: {slo.source} for {slo.target:.0%}; winner "
+    print(f"# {_label(kind)}: {slo.source} for {slo.target:.0%}; winner "
           f"{json.dumps({k: v for k, v in winner['config'].items() if k not in ('model', 'gpu_type')})}")
-    print(f"BENCH tuning_{kind}_default_goodput_rps={base['robust_score']:.2f} req/s (simulated)")
-    print(f"BENCH tuning_{kind}_tuned_goodput_rps={winner['robust_score']:.2f} req/s (simulated)")
-    print(f"BENCH tuning_{kind}_tuned_over_default={ratio:.2f} x (simulated)")
+    print(f"BENCH tuning_{_label(kind)}_default_goodput_rps={base['robust_score']:.2f} req/s (simulated)")
+    print(f"BENCH tuning_{_label(kind)}_tuned_goodput_rps={winner['robust_score']:.2f} req/s (simulated)")
+    print(f"BENCH tuning_{_label(kind)}_tuned_over_default={ratio:.2f} x (simulated)")
     if grid["best"]:
         g = grid["best"]
-        print(f"BENCH tuning_{kind}_autotune_grid_goodput_rps={g['goodput']:.2f} req/s (simulated; {grid['points']} "
+        print(f"BENCH tuning_{_label(kind)}_autotune_grid_goodput_rps={g['goodput']:.2f} req/s (simulated; {grid['points']} "
               f"points of max_num_seqs x max_num_batched_tokens, best {g['max_num_seqs']}/"
               f"{g['max_num_batched_tokens']})")
-    print(f"BENCH tuning_{kind}_study_wall_s={wall:.1f} s ({len(S.valid_trials(study))} trials on {workers} "
+    print(f"BENCH tuning_{_label(kind)}_study_wall_s={wall:.1f} s ({len(S.valid_trials(study))} trials on {workers} "
           f"worker processes; search {searched:.1f} s, re-scoring {wall - searched:.1f} s)")
-    print(f"BENCH tuning_{kind}_refused_configs={sum(1 for t in study.trials if t.user_attrs.get('valid') is False)} "
+    print(f"BENCH tuning_{_label(kind)}_refused_configs={sum(1 for t in study.trials if t.user_attrs.get('valid') is False)} "
           "(told to Optuna as infeasible, not simulated)")
 
 
@@ -200,14 +216,20 @@ def main(argv=None) -> None:
     parser.add_argument("--workloads", default="chat,rag,code")
     parser.add_argument("--grid-seeds", type=int, default=3)
     parser.add_argument("--confirm", action="store_true", help="also run a study through a live platform")
+    parser.add_argument("--eagle3", action="store_true",
+                        help=f"let the studies also draft with an EAGLE-3 head ({EAGLE3_HEAD}); figures say _eagle3")
+    parser.add_argument("--no-grid", action="store_true", help="skip the exhaustive-grid figures")
     parser.add_argument("--workers", type=int, default=2,
                         help="worker processes of a study (server mode's TUNING_PARALLEL_TRIALS default: 2)")
     args = parser.parse_args(argv)
+    global _DRAFT
+    _DRAFT = EAGLE3_HEAD if args.eagle3 else None
     print("# the simulator is the testbed: Llama-3.1-8B-Instruct on one simulated H100 (no GPU here)")
     with tempfile.TemporaryDirectory(prefix="bench-tuning-") as tmp:
         for kind in args.workloads.split(","):
             study_figures(kind, args.trials, Path(tmp), args.workers)
-            grid_figures(kind, args.grid_seeds)
+            if not args.no_grid:
+                grid_figures(kind, args.grid_seeds)
     if args.confirm:
         confirm_figures(min(args.trials, 30))
 
