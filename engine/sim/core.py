@@ -287,6 +287,8 @@ class EngineCore:
         self._stream_clock = -math.inf
         self._stream_last_work = 0.0
         self._stream_lag = 0.0  # how far behind the engine the stream is after the last step
+        # The share of the engine's compute the API server takes while it works (the cores are shared).
+        self._stream_share = self.hardware.api_core_share if self._stream_cost else 0.0
         self._admit_backlog = 0.0  # the server's admission work not yet done at _stream_clock
 
     # ------------------------------------------------------------------ state
@@ -460,6 +462,7 @@ class EngineCore:
             or self._explicit
             or self._agg_n == 0
             or self._admitted_last_step
+            or self._stream_share
         ):
             return out
         steps = self._run_length(out.end_time, until)
@@ -762,6 +765,8 @@ class EngineCore:
             duration += self._drafter.verify_overhead
         if self._drafter is not None and draft_requests:
             duration += self._drafter.time(draft_requests, draft_first_pass, draft_context)
+        if self._stream_share:
+            duration = self._contended(now, duration)
         end = now + duration
         out = StepOutput(start_time=now, duration=duration, end_time=end, num_scheduled_tokens=num_tokens,
                          num_preempted=len(preempted))
@@ -863,6 +868,18 @@ class EngineCore:
         self._stream_last_work = work
         backlog = self._stream_backlog
         self._stream_lag = backlog + min(backlog, self._admit_backlog)
+
+    def _contended(self, start: float, duration: float) -> float:
+        """A step's duration when the API server works beside it on the same cores: while the server has work
+        the engine runs at (1 − share) of its speed. The server's work is what waits at the step's start (this
+        step's tokens come at its end): d' = d + share · min(waiting, d')."""
+        share = self._stream_share
+        self._stream_drain(start - self._stream_clock)
+        self._stream_clock = max(self._stream_clock, start)
+        waiting = self._stream_backlog + self._admit_backlog
+        if waiting * (1.0 - share) >= duration:
+            return duration / (1.0 - share)
+        return duration + share * waiting
 
     def _stream_drain(self, elapsed: float) -> None:
         """``elapsed`` seconds of the server's work: shared equally while both classes wait, else all to one."""

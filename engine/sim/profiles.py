@@ -69,6 +69,10 @@ class HardwareProfile:
     # grows (SimOptions.api_seconds_per_output_token). 0 on the GPU hosts, where a step's tens of tokens cost the
     # server far less than the step; fitted for the CPU build, whose server shares two cores with the engine.
     api_token_overhead: float = 0.0
+    # The share of the engine's compute the API server's work takes while it has any (api_token_overhead > 0): the
+    # CPU build's engine runs its threads on the cores the server uses, so a step that runs beside the server's
+    # streaming and admissions takes longer (d' = d + share · the server's work in the step). 0 on the GPU hosts.
+    api_core_share: float = 0.0
 
     @property
     def memory_gib(self) -> float:
@@ -168,11 +172,13 @@ _H100 = HardwareProfile(
 # virtualised AMD EPYC with AVX-512 BF16, sharing them with the API server and the benchmark client. There is no
 # datasheet: the peak figures are nominal (2 cores x 3 GHz x 128 bf16 FLOP/cycle; one DDR5 channel's worth of
 # bandwidth), and every fitted constant comes from real vLLM runs on the same machine with the fitting
-# configurations of engine/bench/vllm_cpu.py (python -m engine.bench.vllm_cpu --fit --repeat 2, 2026-11-26:
-# SciPy Nelder-Mead, 7 starts; refitted from the same runs' figures with --measured after compute saturation and
-# serial API admission were added), never the held-out ones. The API server's fixed cost per request (14 ms) and
-# the per-sequence cost weigh more than on a GPU host: vLLM's frontend, scheduler, input preparation and sampling
-# run in Python on the same two cores as the model.
+# configurations of engine/bench/vllm_cpu.py (2026-11-26's runs; SciPy Nelder-Mead, 7 starts; refitted with
+# --measured as the model gained compute saturation, serial API admission, the API server's token stream and its
+# share of the cores), never the held-out ones. The API server's costs (22 ms per request, 55 us per streamed
+# token, and the engine running at 41 % speed while the server works) weigh more than on a GPU host: vLLM's
+# frontend, scheduler, input preparation and sampling run in Python on the same two cores as the model. Other
+# hosts of this kind differ (docs/engine-simulator.md: one ran 2.5-5x slower under load): `make bench-vllm`
+# fits the constants on the host it runs on.
 _CPU = HardwareProfile(
     name="CPU",
     memory_bytes=0,  # the KV cache is sized by kv_cache_memory_bytes (engine.config.CPU_KV_CACHE_BYTES)
@@ -181,16 +187,17 @@ _CPU = HardwareProfile(
     hbm_bandwidth=40e9,
     interconnect_bandwidth=1e9,
     interconnect_latency=1e-3,
-    mfu=0.5708,
-    bandwidth_efficiency=0.366,
-    serial_fraction=0.5734,
-    step_overhead=1.0e-4,
-    layer_overhead=8.882e-6,
-    sequence_overhead=15.26e-6,
-    api_overhead=13.54e-3,
-    compute_saturation_tokens=35.29,
+    mfu=0.6861,
+    bandwidth_efficiency=0.2854,
+    serial_fraction=0.4525,
+    step_overhead=2.908e-4,
+    layer_overhead=2.455e-6,
+    sequence_overhead=57.04e-6,
+    api_overhead=22.4e-3,
+    compute_saturation_tokens=0.2511,
     api_server_serial=True,
-    api_token_overhead=3.21e-4,
+    api_token_overhead=5.465e-5,
+    api_core_share=0.5856,
 )
 HARDWARE_PROFILES: dict[str, HardwareProfile] = {
     "H100": _H100,

@@ -42,6 +42,15 @@ def engine_ingest_key(project: str = "default") -> str:
     return raw
 
 
+def platform_grpc_endpoint(grpc_bind: str | None = None) -> str:
+    """host:port of this platform's OTLP/gRPC receiver, as vLLM's --otlp-traces-endpoint takes it."""
+    host, _, port = (grpc_bind or settings.OTLP_GRPC_BIND).rpartition(":")
+    host = host.strip("[]")
+    if host in ("", "0.0.0.0", "::"):
+        host = "127.0.0.1"
+    return f"{host}:{port}"
+
+
 def platform_traces_url(http_bind: str | None = None) -> str:
     host, _, port = (http_bind or settings.HTTP_BIND).rpartition(":")
     host = host.strip("[]")

@@ -287,6 +287,7 @@ REGRESSIONS = {
     # Where a run's client spans go (OTLP/HTTP /v1/traces of this platform); default: the web port
     # (OBSERVATORY_HTTP_BIND, or what runplatform serves on). Workers in other processes need it in server mode.
     "OTLP_ENDPOINT": env("REGRESSIONS_OTLP_ENDPOINT", ""),
+    "OTLP_GRPC_ENDPOINT": env("REGRESSIONS_OTLP_GRPC_ENDPOINT", ""),  # host:port for real vLLM config replicas
 }
 
 # Tuning studies (platform/tuning, docs/tuning.md).

@@ -93,10 +93,25 @@ def config_target(config: Any) -> dict:
     return {"kind": "config", "config": dict(config), "version": parsed.version}
 
 
+VLLM_START_SECONDS = 240.0  # how much longer a run waits for a real vLLM it started to answer
+
+
+def backend_of(spec: dict) -> dict:
+    """The backend keys a config target keeps: {"backend": "vllm", "served_model_name"?} (real `vllm serve`)."""
+    backend = spec.get("backend", "simulator")
+    if backend not in ("simulator", "vllm"):
+        raise TargetError(f"backend must be simulator or vllm, not {backend!r}")
+    out = {"backend": backend}
+    if spec.get("served_model_name"):
+        out["served_model_name"] = str(spec["served_model_name"])
+    return out
+
+
 class ConfigReplica:
-    """The simulated replica a config target runs on for the length of a run: `python -m engine.replica` on a
-    free port, its llm_request spans exported to this platform with the run's project key (replica group
-    `run-<id>-<arm>`). On GPU hosts, compare vLLM configs as replica groups of the fleet instead."""
+    """The replica a config target runs on for the length of a run, on a free port, its llm_request spans exported
+    to this platform with the run's project key (replica group `run-<id>-<arm>`): the simulator in real time
+    (`python -m engine.replica`), or, for a target with ``backend: vllm``, a real `vllm serve` started with the
+    launcher's command (every knob on its argv; vLLM's CPU build where there is no GPU)."""
 
     def __init__(self, target: dict, *, run_id: int, arm: str, directory, traces_url: str, ingest_key: str,
                  seed: int = 0):
@@ -117,36 +132,64 @@ class ConfigReplica:
         import subprocess
 
         from engine.config import EngineConfig
-        from engine.launcher.vllm_command import render_simulator_command, write_config_file
+        from engine.launcher.vllm_command import (
+            find_vllm_executable,
+            render_simulator_command,
+            render_vllm_command,
+            write_config_file,
+        )
 
         config = EngineConfig.from_dict(self.target["config"])
         self.directory.mkdir(parents=True, exist_ok=True)
-        path = write_config_file(config, self.directory / f"{self.arm}.json")
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
             self.port = probe.getsockname()[1]
-        command = render_simulator_command(
-            config, config_path=path, host="127.0.0.1", port=self.port, group=f"run-{self.run_id}-{self.arm}",
-            otlp_traces_endpoint=self.traces_url, otlp_protocol="http/protobuf",
-            otlp_headers={"authorization": f"Bearer {self.ingest_key}"}, seed=self.seed)
+        group = f"run-{self.run_id}-{self.arm}"
+        headers = {"authorization": f"Bearer {self.ingest_key}"}
+        env = dict(os.environ)
+        if self.target.get("backend") == "vllm":
+            executable = find_vllm_executable()
+            if executable is None:
+                raise TargetError("this target runs on real vLLM, which is not installed here (make vllm)")
+            command = render_vllm_command(
+                config, host="127.0.0.1", port=self.port, served_model_name=self.target.get("served_model_name"),
+                otlp_traces_endpoint=self.traces_url, otlp_protocol="grpc", otlp_headers=headers, group=group,
+                vllm_executable=executable)
+            if config.kv_cache_memory_bytes is not None:
+                env.pop("VLLM_CPU_KVCACHE_SPACE", None)  # the flag sizes the cache; both would conflict
+        else:
+            path = write_config_file(config, self.directory / f"{self.arm}.json")
+            command = render_simulator_command(
+                config, config_path=path, host="127.0.0.1", port=self.port, group=group,
+                otlp_traces_endpoint=self.traces_url, otlp_protocol="http/protobuf", otlp_headers=headers,
+                seed=self.seed)
         log = open(self.directory / f"{self.arm}.log", "ab")
         try:
-            self.process = subprocess.Popen(command.argv, env={**os.environ, **command.env}, stdout=log,
-                                            stderr=subprocess.STDOUT, start_new_session=True)
+            self.process = subprocess.Popen(command.argv, env={**env, **command.env}, stdout=log,
+                                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                            start_new_session=True)
         finally:
             log.close()
         return self.base_url
 
     def stop(self) -> None:
+        import os
+        import signal
         import subprocess
 
         if self.process is None or self.process.poll() is not None:
             return
-        self.process.terminate()
+        # Its whole process group: vLLM runs an engine core and a worker beside its API server.
         try:
-            self.process.wait(20)
+            os.killpg(self.process.pid, signal.SIGTERM)
+            self.process.wait(30)
+        except ProcessLookupError:
+            return
         except subprocess.TimeoutExpired:
-            self.process.kill()
+            try:
+                os.killpg(self.process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
             self.process.wait(10)
 
 

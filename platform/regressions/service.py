@@ -131,10 +131,12 @@ def _baseline_run(project, baseline: str) -> RegressionRun:
 def create_run(project, *, dataset: str, target: str | None = None, version: int | None = None,
                baseline: str | None = None, options: dict | None = None, gates: Any = None, created_by: str = "",
                check: bool = True, enqueue: bool = True, target_config: dict | None = None,
-               baseline_config: dict | None = None) -> RegressionRun:
+               baseline_config: dict | None = None, config_backend: dict | None = None) -> RegressionRun:
     """A new queued run, checked: the dataset version exists, the targets answer, options and gates are valid.
     `baseline`: a run id (`run:ID` or ID) to compare with, or a target (group:NAME / URL) replayed alongside
-    (paired mode); None compares with the last passing run of the same dataset and target."""
+    (paired mode); None compares with the last passing run of the same dataset and target. `config_backend`
+    ({"backend": "vllm", "served_model_name": ...}): config targets run on real `vllm serve` processes instead of
+    simulated replicas (a study confirming on a group of real vLLM replicas)."""
     try:
         dataset_version = resolve_version(project, dataset, version)
     except LookupError as exc:
@@ -146,6 +148,8 @@ def create_run(project, *, dataset: str, target: str | None = None, version: int
         target_spec = runner.parse_target(target) if target is not None else runner.config_target(target_config)
     except runner.TargetError as exc:
         raise RunError(str(exc), field="target" if target is not None else "target_config") from None
+    if config_backend and target_spec["kind"] == "config":
+        target_spec.update(runner.backend_of(config_backend))
     baseline_target = baseline_run = None
     if baseline and baseline_config is not None:
         raise RunError("give a baseline or a baseline config, not both", field="baseline")
@@ -154,6 +158,8 @@ def create_run(project, *, dataset: str, target: str | None = None, version: int
             baseline_target = runner.config_target(baseline_config)
         except runner.TargetError as exc:
             raise RunError(f"baseline: {exc}", field="baseline_config") from None
+        if config_backend:
+            baseline_target.update(runner.backend_of(config_backend))
     elif baseline:
         if baseline.strip().removeprefix("run:").isdigit():
             baseline_run = _baseline_run(project, baseline)
@@ -291,10 +297,11 @@ def _result(run: RegressionRun, slot: runner.Slot, record, started: float) -> Ru
         sent_at=dt.datetime.fromtimestamp(started, tz=dt.timezone.utc))
 
 
-def _wait_for_target(base_url: str, headers: dict[str, str], lease: Lease) -> str:
-    """The target's model, waiting up to TARGET_WAIT_SECONDS for it to answer (a resumed run may start before
-    the fleet the restarted platform brings up is ready); TargetError after that."""
-    deadline = time.monotonic() + cfg("TARGET_WAIT_SECONDS")
+def _wait_for_target(base_url: str, headers: dict[str, str], lease: Lease, wait: float | None = None) -> str:
+    """The target's model, waiting up to TARGET_WAIT_SECONDS (or ``wait``) for it to answer (a resumed run may
+    start before the fleet the restarted platform brings up is ready); TargetError after that."""
+    wait = cfg("TARGET_WAIT_SECONDS") if wait is None else wait
+    deadline = time.monotonic() + wait
     while True:
         try:
             return asyncio.run(runner._probe(base_url, headers, runner.PROBE_TIMEOUT))
@@ -339,17 +346,21 @@ def replay(run: RegressionRun, lease: Lease, rows: dict[str, dict] | None = None
 
 
 def _start_config_replicas(run: RegressionRun, targets: dict[str, dict]) -> list:
-    """Start the simulated replica of each config target (its URL put in the target); the started ones."""
+    """Start the replica of each config target (simulated, or real vLLM when the target says so; its URL put in the
+    target); the started ones."""
     from django.conf import settings as django_settings
-    from observatory.engine_link import engine_ingest_key, platform_traces_url
+    from observatory.engine_link import engine_ingest_key, platform_grpc_endpoint, platform_traces_url
 
     started = []
     for arm, target in targets.items():
         if target["kind"] != "config":
             continue
+        traces_url = cfg("OTLP_ENDPOINT") or platform_traces_url()
+        if target.get("backend") == "vllm":
+            traces_url = cfg("OTLP_GRPC_ENDPOINT") or platform_grpc_endpoint()  # vLLM exports over gRPC only
         replica = runner.ConfigReplica(
             target, run_id=run.id, arm=arm, directory=django_settings.DATA_DIR / "regressions" / f"run-{run.id}",
-            traces_url=cfg("OTLP_ENDPOINT") or platform_traces_url(), ingest_key=engine_ingest_key(run.project.name),
+            traces_url=traces_url, ingest_key=engine_ingest_key(run.project.name),
             seed=int(run.options.get("seed", 0)))
         try:
             target["url"] = replica.start()
@@ -364,7 +375,10 @@ def _start_config_replicas(run: RegressionRun, targets: dict[str, dict]) -> list
 def _replay(run, lease, rows, remaining, targets, endpoints, notes, done) -> bool:
     for arm, target in targets.items():
         base_url, headers = runner.endpoint_of(target)
-        model = _wait_for_target(base_url, headers, lease)
+        # A real vLLM started for the run needs its start-up (~20-60 s on CPU) on top of the usual wait.
+        model = _wait_for_target(base_url, headers, lease,
+                                 cfg("TARGET_WAIT_SECONDS") + (runner.VLLM_START_SECONDS
+                                                               if target.get("backend") == "vllm" else 0.0))
         endpoints[arm] = runner.Endpoint(base_url, headers, model)
         if run.options.get("reset_prefix_cache") and run.attempts == 1:
             notes.append(f"{arm}: " + asyncio.run(runner.reset_prefix_cache(base_url, headers)))

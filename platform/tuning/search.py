@@ -139,10 +139,11 @@ class Outcome:
 
 
 def run_one(problem: Problem, study: optuna.Study, *, best: float | None = None, max_invalid: int = 1000,
-            on_start: Callable[[optuna.trial.Trial], None] | None = None,
+            on_start: Callable[[optuna.trial.Trial], bool | None] | None = None,
             should_stop: Callable[[], bool] | None = None) -> Outcome:
     """Ask until a point vLLM would accept comes (refused ones are told as infeasible at once, not simulated),
-    score it and tell it. ``on_start`` sees the valid trial before it is simulated (a worker's lease)."""
+    score it and tell it. ``on_start`` sees the valid trial before it is simulated (a worker's lease); when it
+    returns False another worker holds the trial, and this one asks again."""
     invalid = 0
     while True:
         if should_stop and should_stop():
@@ -154,24 +155,35 @@ def run_one(problem: Problem, study: optuna.Study, *, best: float | None = None,
         point = problem.space.suggest(trial)
         config, problems = check(problem.space, problem.current, point)
         if config is None:
-            trial.set_user_attr("valid", False)
-            trial.set_user_attr("constraint", 1.0)
-            trial.set_user_attr("problems", problems[:3])
-            study.tell(trial, [0.0, 1e9] if problem.objective == "pareto" else [0.0])
-            invalid += 1
+            if _told(study, trial, {"valid": False, "constraint": 1.0, "problems": problems[:3]},
+                     [0.0, 1e9] if problem.objective == "pareto" else [0.0]):
+                invalid += 1
             continue
-        if on_start:
-            on_start(trial)
+        if on_start and on_start(trial) is False:
+            continue  # another worker holds this trial (it took the same enqueued point): it will tell it
         result = evaluate(problem, point, start=best)
-        trial.set_user_attr("valid", True)
-        trial.set_user_attr("constraint", 0.0)
-        for key in ("config", "goodput", "score", "best_attainment", "at", "evaluations", "ttft_p99_at_peak"):
-            if key in result:
-                trial.set_user_attr(key, result[key])
+        attrs = {"valid": True, "constraint": 0.0}
+        attrs.update({key: result[key] for key in ("config", "goodput", "score", "best_attainment", "at",
+                                                   "evaluations", "ttft_p99_at_peak") if key in result})
         values = [result["score"], result["ttft_p99_at_peak"]] if problem.objective == "pareto" else \
             [result["score"]]
-        study.tell(trial, values)
+        if not _told(study, trial, attrs, values):
+            continue
         return Outcome(result, invalid, trial.number)
+
+
+def _told(study: optuna.Study, trial: optuna.trial.Trial, attrs: dict[str, Any], values: list[float]) -> bool:
+    """Record and tell a trial; False when another worker finished it first. Two workers can both take the same
+    enqueued trial where the storage cannot lock its row (SQLite ignores SELECT ... FOR UPDATE): the first tell
+    wins, and the other worker's duplicate is dropped rather than failing the study."""
+    try:
+        for key, value in attrs.items():
+            trial.set_user_attr(key, value)
+        study.tell(trial, values)
+    except optuna.exceptions.UpdateFinishedTrialError:
+        log.info("trial %s was finished by another worker; dropping this worker's duplicate", trial.number)
+        return False
+    return True
 
 
 def search(problem: Problem, study: optuna.Study, budget: int, *,

@@ -25,6 +25,7 @@ from typing import Any
 from urllib.parse import quote
 
 from django.conf import settings
+from django.db import IntegrityError, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 from observatory import leases
@@ -111,6 +112,23 @@ def group_config(group: str) -> tuple[EngineConfig, list[str]]:
             return EngineConfig.from_dict(entry.get("config") or {}), urls
     names = ", ".join(g.get("name", "?") for g in groups if not g.get("dynamic"))
     raise StudyError(f"the fleet has no replica group {group!r} (groups: {names or 'none'})", field="group")
+
+
+def group_backend(group: str) -> dict:
+    """{"backend", "served_model_name"?} of the group in the fleet (simulator when it cannot be told)."""
+    from observatory.engine_link import FleetUnavailable, fleet_groups
+
+    try:
+        groups, _live = fleet_groups()
+    except FleetUnavailable:
+        return {"backend": "simulator"}
+    for entry in groups:
+        if entry.get("name") == group and not entry.get("dynamic"):
+            out = {"backend": entry.get("backend") or "simulator"}
+            if entry.get("served_model_name"):
+                out["served_model_name"] = entry["served_model_name"]
+            return out
+    return {"backend": "simulator"}
 
 
 def project_slo(project, group: str, overrides: dict | None = None, target: float | None = None) -> Slo:
@@ -476,9 +494,14 @@ def trial_loop(study: TuningStudy, problem: S.Problem, ostudy, should_stop) -> i
                 return completed
             best = TuningStudy.objects.filter(id=study.id).values_list("best_score", flat=True).first()
 
-            def lease(trial) -> None:
-                TrialLease.objects.create(study_id=study.id, trial_id=trial._trial_id, number=trial.number,
-                                          worker=worker)
+            def lease(trial) -> bool:
+                try:
+                    with transaction.atomic():
+                        TrialLease.objects.create(study_id=study.id, trial_id=trial._trial_id,
+                                                  number=trial.number, worker=worker)
+                except IntegrityError:
+                    return False  # two workers took the same enqueued trial (SQLite cannot lock its row)
+                return True
 
             try:
                 outcome = S.run_one(problem, ostudy, best=best, on_start=lease, should_stop=should_stop,
@@ -565,7 +588,8 @@ def _slo_words(slo: Slo) -> str:
 
 
 def _confirm(study: TuningStudy, problem: S.Problem, result: dict, lease: Lease) -> str | None:
-    """Replay winner and current on real-time simulated replicas (a paired regression run) and measure both."""
+    """Replay winner and current as a paired regression run and measure both: on real-time simulated replicas, or
+    on real `vllm serve` processes when the study's group runs real vLLM."""
     import random
 
     from regressions.datasets import clean_items, write_version
@@ -583,19 +607,26 @@ def _confirm(study: TuningStudy, problem: S.Problem, result: dict, lease: Lease)
     if run_id is None:
         rng = random.Random(study.seed)
         items = []
+        max_len = problem.current.resolved().max_model_len
         for index in range(cfg("CONFIRM_ITEMS")):
             prompt, output = problem.workload.samples[rng.randrange(len(problem.workload.samples))]
+            if max_len is not None and prompt + output > max_len:  # as the simulation fits them (Workload.requests)
+                prompt = max(1, min(prompt, max_len - output))
+                output = max(1, min(output, max_len - prompt))
             items.append({"id": f"w{index + 1}", "prompt": synthetic_text(max(1, min(prompt, 8000)), rng),
                           "params": {"max_tokens": max(1, output), "ignore_eos": True, "temperature": 0}})
         name = f"tuning-study-{study.id}"
         items = clean_items((f"item {i + 1}", item, item["id"]) for i, item in enumerate(items))
         write_version(study.project, name, items, source="tuning", replace=True, created_by=study.created_by,
                       note=f"lengths of tuning study {study.id}'s workload")
+        backend = group_backend(study.group)
         try:
+            # On the group's own backend: real `vllm serve` processes for a group of real vLLM replicas.
             run = create_run(study.project, dataset=name, target_config=best["config"],
                              baseline_config=study.current_config, created_by=study.created_by or "tuning",
                              options={"rate": rate, "arrival": "poisson", "seed": study.seed,
-                                      "burstiness": problem.workload.burstiness})
+                                      "burstiness": problem.workload.burstiness},
+                             config_backend=backend if backend["backend"] == "vllm" else None)
         except RunError as exc:
             result["confirmation"] = {"error": f"the confirmation run could not start: {exc}"}
             return None
@@ -640,10 +671,13 @@ def confirmation_figures(run, problem: S.Problem, rate: float) -> dict:
             m = measure(EngineConfig.from_dict(config), problem.workload, problem.slo, rate, count=problem.count,
                         seed=problem.seed)
             predicted[label] = m.attainment
+    real = (run.target or {}).get("backend") == "vllm"
     out = {"run_id": run.id, "state": run.state, "verdict": run.verdict, "rate": round(rate, 4),
-           "target": problem.slo.target, "measured": arms, "predicted_attainment": predicted, "note": (
-               "replayed on real-time simulated replicas (this host has no GPU): the engine simulator in real "
-               "time, with HTTP, tokenisation and tracing on the path")}
+           "target": problem.slo.target, "measured": arms, "predicted_attainment": predicted,
+           "backend": "vllm" if real else "simulator", "note": (
+               "replayed on real vLLM: a `vllm serve` per config, started for the run with the launcher's command"
+               if real else "replayed on real-time simulated replicas (this host has no GPU): the engine simulator "
+               "in real time, with HTTP, tokenisation and tracing on the path")}
     best = arms.get("best", {}).get("attainment")
     out["best"] = best
     out["confirmed_goodput"] = rate if best is not None and best >= problem.slo.target else None

@@ -191,3 +191,20 @@ def test_stream_lag_is_the_same_with_and_without_event_skipping():
         assert a.queued_time == pytest.approx(b.queued_time, rel=1e-9, abs=1e-9)
         assert a.stream_lag_first == pytest.approx(b.stream_lag_first, rel=1e-6, abs=1e-9)
         assert a.stream_lag_last == pytest.approx(b.stream_lag_last, rel=1e-6, abs=1e-9)
+
+
+def test_a_server_sharing_the_engines_cores_slows_its_steps_by_at_most_its_share():
+    config = EngineConfig(max_model_len=4096)
+    requests = [SimRequest(f"r{i}", 64, 100, 0.0) for i in range(8)]
+    options = SimOptions(api_overhead_seconds=0.0, tokenize_seconds_per_token=0.0, detokenize_seconds_per_token=0.0,
+                         api_server_serial=True, api_seconds_per_output_token=5e-3)
+    h100 = hardware_profile("H100")
+    apart = simulate(config, _copy(requests), options=options, hardware=h100)
+    shared = simulate(config, _copy(requests), options=options, hardware=h100.with_constants(api_core_share=0.5))
+    engine_apart = max(r.finished_time for r in apart.requests)
+    engine_shared = max(r.finished_time for r in shared.requests)
+    # The server always has tokens waiting here (8 x 5 ms of work per step), so every step after the first runs at
+    # half speed: the engine takes about twice as long, never more.
+    assert 1.8 * engine_apart < engine_shared <= 2.0 * engine_apart + 1e-9
+    # The clients are paced by the server either way.
+    assert shared.summary.tpot_ms.p50 == pytest.approx(apart.summary.tpot_ms.p50, rel=0.1)

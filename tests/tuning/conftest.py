@@ -103,6 +103,47 @@ def live(tmp_path_factory):
 
 
 
+VLLM_FLEET = """\
+name: tuning-vllm
+run_dir: {run_dir}
+gateway: {{bind: 127.0.0.1:{gateway}}}
+control: {{bind: 127.0.0.1:{control}}}
+replicas: {{host: 127.0.0.1, base_port: {replicas}}}
+vllm: {{executable: {executable}}}
+telemetry: {{otlp_protocol: grpc}}
+groups:
+  - name: real
+    weight: 100
+    replicas: 1
+    backend: vllm
+    served_model_name: tiny-llama
+    config: {{model: {model}, gpu_type: CPU, max_num_seqs: 2, kv_cache_memory_bytes: 33554432}}
+"""
+
+
+@pytest.fixture(scope="module")
+def vllm_live(tmp_path_factory, real_vllm_executable, tiny_model_dir):
+    """A platform whose fleet's group `real` runs real vLLM (test_tuning_real_vllm.py; opt-in)."""
+    root = tmp_path_factory.mktemp("tuning-vllm")
+    fleet = root / "fleet.yaml"
+    fleet.write_text(VLLM_FLEET.format(run_dir=root / "engine", gateway=free_port(), control=free_port(),
+                                  replicas=free_port_pair(), executable=real_vllm_executable, model=tiny_model_dir))
+    process = PlatformProcess(
+        data_dir=str(root / "data"), args=("--with-engine",), grpc=True,  # vLLM exports its spans over gRPC only
+        extra_env={"ENGINE_FLEET": str(fleet), "TUNING_SWEEP_INTERVAL_SECONDS": "2",
+                   "TUNING_QUEUED_GRACE_SECONDS": "3", "TUNING_CONFIRM_MAX_RATE": "6", "TUNING_CONFIRM_ITEMS": "60",
+                   "TUNING_SIM_REQUESTS": "200", "TUNING_RESCORE_CANDIDATES": "2", "TUNING_RESCORE_SEEDS": "3",
+                   "REGRESSIONS_SWEEP_INTERVAL_SECONDS": "2", "REGRESSIONS_QUEUED_GRACE_SECONDS": "3"})
+    try:
+        process.manage("migrate", "-v0")
+        process.manage("create_ingest_key", "--project", "default")
+        token = process.manage("create_api_token", "--user", "ops", "--role", "operator", "--project", "default")
+        process.start(timeout=300)
+        yield Live(process, token)
+    finally:
+        process.stop()
+
+
 @pytest.fixture(scope="module")
 def store():
     """A scratch ClickHouse store that traces.store.get_store() hands out for the module's tests."""

@@ -93,6 +93,37 @@ def test_two_workers_on_one_study_stop_at_the_budget_together():
     assert 6 <= len(S.valid_trials(study)) <= 7
 
 
+def test_a_trial_two_workers_took_is_told_once_and_the_late_worker_asks_again(tmp_path):
+    """SQLite cannot lock a row, so two workers can both take the same enqueued trial: the first tell wins; the
+    other's tell of the finished trial is dropped (no UpdateFinishedTrialError), and its worker moves on."""
+    url = f"sqlite:///{tmp_path / 'study.sqlite3'}"
+    problem = S.Problem(CURRENT, parse_space({"max_num_seqs": [16, 32, 64, 128, 256]}, CURRENT), synthetic("chat"),
+                        G.Slo({"ttft_ms": 300, "tpot_ms": 30}, 0.95), count=100)
+    first = optuna.create_study(study_name="s", storage=url, directions=S.directions("goodput"),
+                                sampler=S.sampler("goodput", 0))
+    S.seed_start(problem, first)
+    second = optuna.load_study(study_name="s", storage=url, sampler=S.sampler("goodput", 1))
+    mine = first.ask()  # the enqueued point (vLLM's defaults)
+    theirs = optuna.trial.Trial(second, mine._trial_id)  # the same trial, as the racing worker holds it
+    assert S._told(first, mine, {"valid": True, "score": 1.0}, [1.0]) is True
+    assert S._told(second, theirs, {"valid": True, "score": 2.0}, [2.0]) is False
+    [told] = first.get_trials(deepcopy=False)
+    assert told.state == optuna.trial.TrialState.COMPLETE and told.values == [1.0]
+    assert told.user_attrs["score"] == 1.0
+    # A worker whose lease says another holds the trial asks for the next one instead of simulating it twice.
+    taken = set()
+
+    def lease(trial) -> bool:
+        if trial.number in taken:
+            return False
+        taken.add(trial.number)
+        return True
+
+    taken.add(1)  # trial 1 is "another worker's"
+    outcome = S.run_one(problem, second, on_start=lease)
+    assert outcome.result is not None and outcome.trial_number == 2
+
+
 # ---------------------------------------------------------------------------------------------- the space
 @pytest.mark.parametrize("space, expected", [
     ({}, "the search space is empty"),

@@ -162,31 +162,55 @@ def grid_figures(kind: str, repeats: int) -> None:
           f"{repeats} seeds: {needed}; {statistics.median(needed) / len(values):.2f} of the grid)")
 
 
-def confirm_figures(trials: int) -> None:
-    """A study through a live platform and its confirmation run on real-time simulated replicas."""
+SIM_GROUP = ("  - {{name: base, weight: 100, replicas: 1, backend: simulator,\n"
+             "     config: {{model: meta-llama/Llama-3.1-8B-Instruct, gpu_type: H100, tensor_parallel_size: 1}}}}\n")
+# Real vLLM (its CPU build) serving the study-size tiny Llama with max_num_seqs 4: a poor config for chat traffic
+# that a study must beat, confirmed on real `vllm serve` processes. SLOs fit for two shared cores.
+VLLM_GROUP = ("  - {{name: base, weight: 100, replicas: 1, backend: vllm, served_model_name: tiny-study,\n"
+              "     config: {{model: {model}, gpu_type: CPU, max_num_seqs: 4, kv_cache_memory_bytes: 134217728}}}}\n")
+VLLM_SLO = Slo({"ttft_ms": 2000.0, "tpot_ms": 100.0}, 0.9, "CPU chat: TTFT ≤ 2 s, TPOT ≤ 100 ms")
+VLLM_SPACE = {"max_num_seqs": [4, 8, 16, 32, 64], "max_num_batched_tokens": [512, 1024, 2048, 4096]}
+
+
+def confirm_figures(trials: int, real_vllm: bool = False) -> None:
+    """A study through a live platform and its confirmation run: on real-time simulated replicas (a simulated H100
+    group running vLLM's defaults), or, with ``real_vllm``, on real `vllm serve` processes (vLLM's CPU build, the
+    tiny model, a group with max_num_seqs 4)."""
     from observatory.bench.harness import ROOT, PlatformProcess, free_port, free_port_pair
 
     fleet_text = (
         "name: bench-tuning\nrun_dir: {run_dir}\ngateway: {{bind: 127.0.0.1:{gateway}}}\n"
         "control: {{bind: 127.0.0.1:{control}}}\nreplicas: {{host: 127.0.0.1, base_port: {replicas}}}\n"
-        "telemetry: {{otlp_protocol: http/protobuf}}\ngroups:\n"
-        "  - {{name: base, weight: 100, replicas: 1, backend: simulator,\n"
-        "     config: {{model: meta-llama/Llama-3.1-8B-Instruct, gpu_type: H100, tensor_parallel_size: 1}}}}\n")
+        "telemetry: {{otlp_protocol: {protocol}}}\n{vllm}groups:\n" + (VLLM_GROUP if real_vllm else SIM_GROUP))
+    slo = VLLM_SLO if real_vllm else SLOS["chat"]
+    extra = []
+    if real_vllm:
+        from engine.launcher.vllm_command import find_vllm_executable
+
+        executable = find_vllm_executable()
+        model = ROOT / ".data" / "models" / "tiny-study"
+        if executable is None or not (model / "config.json").exists():
+            raise SystemExit("real vLLM and the study-size tiny model are needed: make vllm tiny-models")
+        space = Path(tempfile.mkdtemp(prefix="bench-tuning-space-")) / "space.json"
+        space.write_text(json.dumps(VLLM_SPACE))
+        extra = ["--space", str(space)]
     with tempfile.TemporaryDirectory(prefix="bench-tuning-") as tmp:
         root = Path(tmp)
         fleet = root / "fleet.yaml"
-        fleet.write_text(fleet_text.format(run_dir=root / "engine", gateway=free_port(), control=free_port(),
-                                           replicas=free_port_pair()))
-        process = PlatformProcess(data_dir=str(root / "data"), args=("--with-engine",),
-                                  extra_env={"ENGINE_FLEET": str(fleet)})
+        fleet.write_text(fleet_text.format(
+            run_dir=root / "engine", gateway=free_port(), control=free_port(), replicas=free_port_pair(),
+            protocol="grpc" if real_vllm else "http/protobuf",
+            vllm=f"vllm: {{executable: {executable}}}\n" if real_vllm else "",
+            model=model if real_vllm else ""))
+        process = PlatformProcess(data_dir=str(root / "data"), args=("--with-engine",), grpc=real_vllm,
+                                  extra_env={"ENGINE_FLEET": str(fleet), "TUNING_CONFIRM_ITEMS": "200"})
         try:
             process.manage("migrate", "-v0")
             process.manage("create_ingest_key", "--project", "default")
-            process.start(timeout=180)
+            process.start(timeout=300 if real_vllm else 180)
             out = root / "study.json"
-            slo = SLOS["chat"]
             args = [sys.executable, str(ROOT / "manage.py"), "tune", "--project", "default", "--group", "base",
-                    "--workload", "synthetic:chat", "--trials", str(trials), "--json", str(out),
+                    "--workload", "synthetic:chat", "--trials", str(trials), "--json", str(out), *extra,
                     *[f"--slo={k}={v:g}" for k, v in slo.thresholds.items()], "--target", str(slo.target)]
             done = subprocess.run(args, env=process.env, capture_output=True, text=True, timeout=3600)
             if done.returncode not in (0, 1):
@@ -196,15 +220,19 @@ def confirm_figures(trials: int) -> None:
         finally:
             process.stop()
     confirmation = result.get("confirmation") or {}
-    print(f"BENCH tuning_predicted_gain={result.get('predicted_gain') or 0:.2f} x goodput (simulated, virtual time)")
+    label = "tuning_vllm" if real_vllm else "tuning"
+    where = "real vLLM (CPU build, tiny model)" if real_vllm else "real-time simulated replicas"
+    print(f"# {label}: {slo.source} for {slo.target:.0%}; current {result['current']['config'].get('max_num_seqs')} "
+          f"seqs; winner {json.dumps({k: v for k, v in result['best']['config'].items() if k in VLLM_SPACE})}")
+    print(f"BENCH {label}_predicted_gain={result.get('predicted_gain') or 0:.2f} x goodput (simulated: "
+          f"{result['current']['goodput']:.2f} -> {result['best']['goodput']:.2f} req/s)")
     if confirmation.get("measured"):
         m, p = confirmation["measured"], confirmation["predicted_attainment"]
-        print(f"# confirmation run {confirmation['run_id']} at {confirmation['rate']:.2f} req/s on real-time "
-              "simulated replicas")
+        print(f"# confirmation run {confirmation['run_id']} at {confirmation['rate']:.2f} req/s on {where}")
         for arm in ("current", "best"):
-            print(f"BENCH tuning_confirm_{arm}_attainment_measured={100 * m[arm]['attainment']:.1f} % "
+            print(f"BENCH {label}_confirm_{arm}_attainment_measured={100 * m[arm]['attainment']:.1f} % "
                   f"(predicted {100 * p[arm]:.1f} %, gap {100 * (p[arm] - m[arm]['attainment']):+.1f} points)")
-        print(f"BENCH tuning_confirmed_goodput_rps={confirmation.get('confirmed_goodput') or 0:.2f} req/s "
+        print(f"BENCH {label}_confirmed_goodput_rps={confirmation.get('confirmed_goodput') or 0:.2f} req/s "
               f"(predicted {result['best']['goodput']:.2f}; the replay is capped at TUNING_CONFIRM_MAX_RATE)")
     else:
         print(f"# confirmation: {confirmation}")
@@ -216,6 +244,8 @@ def main(argv=None) -> None:
     parser.add_argument("--workloads", default="chat,rag,code")
     parser.add_argument("--grid-seeds", type=int, default=3)
     parser.add_argument("--confirm", action="store_true", help="also run a study through a live platform")
+    parser.add_argument("--confirm-vllm", action="store_true",
+                        help="also run a study on a group of real vLLM replicas (CPU build) and confirm it there")
     parser.add_argument("--eagle3", action="store_true",
                         help=f"let the studies also draft with an EAGLE-3 head ({EAGLE3_HEAD}); figures say _eagle3")
     parser.add_argument("--no-grid", action="store_true", help="skip the exhaustive-grid figures")
@@ -226,12 +256,14 @@ def main(argv=None) -> None:
     _DRAFT = EAGLE3_HEAD if args.eagle3 else None
     print("# the simulator is the testbed: Llama-3.1-8B-Instruct on one simulated H100 (no GPU here)")
     with tempfile.TemporaryDirectory(prefix="bench-tuning-") as tmp:
-        for kind in args.workloads.split(","):
+        for kind in [k for k in args.workloads.split(",") if k]:
             study_figures(kind, args.trials, Path(tmp), args.workers)
             if not args.no_grid:
                 grid_figures(kind, args.grid_seeds)
     if args.confirm:
         confirm_figures(min(args.trials, 30))
+    if args.confirm_vllm:
+        confirm_figures(min(args.trials, 20), real_vllm=True)
 
 
 if __name__ == "__main__":
