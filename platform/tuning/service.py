@@ -587,6 +587,42 @@ def _slo_words(slo: Slo) -> str:
     return ", ".join(f"{k.removesuffix('_ms').upper()} ≤ {v:g} ms" for k, v in slo.thresholds.items())
 
 
+def local_tokenizer(model: str):
+    """The model's own tokenizer when it is a local directory with a tokenizer.json (a tiny model, a mounted
+    checkpoint), else None."""
+    from pathlib import Path
+
+    path = Path(model) / "tokenizer.json"
+    if not path.is_file():
+        return None
+    try:
+        from tokenizers import Tokenizer
+
+        return Tokenizer.from_file(str(path))
+    except Exception:  # a file it cannot read: fall back to the estimate
+        log.warning("cannot read the tokenizer of %s; prompts are sized by the estimate", model, exc_info=True)
+        return None
+
+
+def prompt_text(tokens: int, rng, tokenizer=None) -> str:
+    """Synthetic text of about ``tokens`` prompt tokens: by the platform's estimate, or, given the model's own
+    tokenizer (a real vLLM counts with it), shrunk until that tokenizer counts no more than asked (a prompt
+    longer than planned would push prompt + output past max_model_len and vLLM would refuse it)."""
+    from engine.tokens import synthetic_text
+
+    words = tokens
+    text = synthetic_text(words, rng)
+    if tokenizer is None:
+        return text
+    for _ in range(8):
+        counted = len(tokenizer.encode(text, add_special_tokens=False).ids)
+        if counted <= tokens or words <= 1:
+            break
+        words = max(1, min(words - 1, int(words * tokens / counted)))
+        text = synthetic_text(words, rng)
+    return text
+
+
 def _confirm(study: TuningStudy, problem: S.Problem, result: dict, lease: Lease) -> str | None:
     """Replay winner and current as a paired regression run and measure both: on real-time simulated replicas, or
     on real `vllm serve` processes when the study's group runs real vLLM."""
@@ -595,8 +631,6 @@ def _confirm(study: TuningStudy, problem: S.Problem, result: dict, lease: Lease)
     from regressions.datasets import clean_items, write_version
     from regressions.models import RunState
     from regressions.service import RunError, create_run
-
-    from engine.tokens import synthetic_text
 
     best = result.get("best") or {}
     if best.get("is_current"):
@@ -607,13 +641,14 @@ def _confirm(study: TuningStudy, problem: S.Problem, result: dict, lease: Lease)
     if run_id is None:
         rng = random.Random(study.seed)
         items = []
+        tokenizer = local_tokenizer(problem.current.model)
         max_len = problem.current.resolved().max_model_len
         for index in range(cfg("CONFIRM_ITEMS")):
             prompt, output = problem.workload.samples[rng.randrange(len(problem.workload.samples))]
             if max_len is not None and prompt + output > max_len:  # as the simulation fits them (Workload.requests)
                 prompt = max(1, min(prompt, max_len - output))
                 output = max(1, min(output, max_len - prompt))
-            items.append({"id": f"w{index + 1}", "prompt": synthetic_text(max(1, min(prompt, 8000)), rng),
+            items.append({"id": f"w{index + 1}", "prompt": prompt_text(max(1, min(prompt, 8000)), rng, tokenizer),
                           "params": {"max_tokens": max(1, output), "ignore_eos": True, "temperature": 0}})
         name = f"tuning-study-{study.id}"
         items = clean_items((f"item {i + 1}", item, item["id"]) for i, item in enumerate(items))

@@ -324,3 +324,21 @@ def test_the_prefix_cache_hit_rate_is_read_from_the_replicas_vllm_counters():
         assert prefix_hit_rate_of(["http://127.0.0.1:9"]) is None
     finally:
         server.shutdown()
+
+
+def test_confirmation_prompts_fit_the_models_own_tokenizer(tiny_model_dir):
+    """A real vLLM counts prompt tokens with its model's tokenizer, which splits the synthetic text into more
+    tokens than the estimate: the confirmation's prompts are shrunk until that tokenizer counts no more than the
+    workload's length (else prompt + output would pass max_model_len and vLLM would refuse the request)."""
+    from tuning.service import local_tokenizer, prompt_text
+
+    from engine.tokens import synthetic_text
+
+    tokenizer = local_tokenizer(tiny_model_dir)
+    assert tokenizer is not None and local_tokenizer("meta-llama/Llama-3.1-8B-Instruct") is None
+    rng = random.Random(3)
+    for tokens in (40, 700, 1800):
+        counted = len(tokenizer.encode(prompt_text(tokens, rng, tokenizer), add_special_tokens=False).ids)
+        assert 0.8 * tokens - 2 <= counted <= tokens
+    # Unfitted, the same length overshoots with this tokenizer (the reason for the fitting).
+    assert len(tokenizer.encode(synthetic_text(700, rng), add_special_tokens=False).ids) > 700

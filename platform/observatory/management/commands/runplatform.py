@@ -37,8 +37,10 @@ class Command(BaseCommand):
             raise CommandError(str(exc)) from exc
         server.install_signal_handlers()
         # What this process serves on, for the code that sends to it (a regression run's client spans); a port 0
-        # or a --http option differ from the setting.
+        # or an --http or --grpc option differ from the settings.
         settings.HTTP_BIND = f"{server.http_bind.rsplit(':', 1)[0]}:{server.http_port}"
+        if server.grpc_port:  # where real vLLM replicas a run starts send their spans (OTLP/gRPC only)
+            settings.OTLP_GRPC_BIND = f"{server.grpc_bind.rsplit(':', 1)[0]}:{server.grpc_port}"
         # Celery worker + beat in this process (OBSERVATORY_INPROCESS_WORKER); stopped with the server, before
         # the trace store closes.
         server.background = start_background()
