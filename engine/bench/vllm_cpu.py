@@ -46,7 +46,7 @@ from pathlib import Path
 from engine.config import EngineConfig
 from engine.launcher.vllm_command import find_vllm_executable, render_vllm_command
 from engine.sim.core import SimRequest
-from engine.sim.profiles import HardwareProfile, hardware_profile
+from engine.sim.profiles import CPU_CONSTANTS_ENV, CPU_FITTED_CONSTANTS, HardwareProfile, hardware_profile
 from engine.sim.virtual import LatencyStats, simulate
 
 DEFAULT_MODEL = ".data/models/tiny-study"
@@ -356,8 +356,7 @@ def compare(real: RunFigures, simulated: RunFigures) -> dict[str, tuple[float, f
     return {name: (read(real), read(simulated), error_pct(read(simulated), read(real))) for name, read in METRICS}
 
 
-FITTED = ("mfu", "bandwidth_efficiency", "serial_fraction", "step_overhead", "layer_overhead", "sequence_overhead",
-          "api_overhead", "compute_saturation_tokens", "api_token_overhead", "api_core_share")
+FITTED = CPU_FITTED_CONSTANTS
 _LINEAR = {"serial_fraction", "api_core_share"}  # fractions, fitted as they are (the others in log space)
 _FIT_BOUNDS = {"mfu": (0.01, 1.0), "bandwidth_efficiency": (0.02, 1.0), "serial_fraction": (0.0, 1.0),
                "step_overhead": (1e-4, 0.05), "layer_overhead": (1e-7, 5e-3), "sequence_overhead": (1e-6, 0.01),
@@ -468,6 +467,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="fit the CPU profile's constants on the fitting configurations (of this run, or of "
                              "--measured) and compare every configuration with the fitted constants; the held-out "
                              "ones never enter the fit")
+    parser.add_argument("--write-constants", default=None, metavar="FILE",
+                        help=f"with --fit: write the fitted constants to FILE as JSON (point {CPU_CONSTANTS_ENV} at it "
+                             "to simulate this host)")
     parser.add_argument("--fit-only", action="store_true",
                         help="measure only the fitting configurations, fit, and print the constants")
     parser.add_argument("--json", default=None, help="also write every figure to this file")
@@ -517,8 +519,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("# fitted CPU constants (engine/sim/profiles.py, _CPU):")
         for name in FITTED:
             print(f"#   {name}={getattr(profile, name):.4g}")
+        if args.write_constants:
+            Path(args.write_constants).write_text(json.dumps(
+                {name: float(getattr(profile, name)) for name in FITTED}, indent=2) + "\n", encoding="utf-8")
+            print(f"# fitted constants written to {args.write_constants} ({CPU_CONSTANTS_ENV}={args.write_constants} "
+                  "simulates this host)")
         import engine.sim.profiles as profiles
 
+        os.environ.pop(CPU_CONSTANTS_ENV, None)
         profiles.HARDWARE_PROFILES["CPU"] = profile  # the comparison below uses the fitted constants
     report: dict[str, dict] = {}
     worst = 0.0

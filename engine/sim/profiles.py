@@ -318,8 +318,55 @@ DRAFT_MODEL_PROFILES: dict[str, ModelProfile] = {
 DEFAULT_DRAFT_MODEL = "meta-llama/Llama-3.2-1B-Instruct"
 
 
+# Constants of the CPU profile fitted on the host this runs on (``python -m engine.bench.vllm_cpu --fit
+# --write-constants FILE``): hosts of one kind differ several-fold under load, so a study or a replica of a real
+# vLLM CPU group predicts best with its own host's constants.
+CPU_CONSTANTS_ENV = "ENGINE_SIM_CPU_CONSTANTS"
+CPU_FITTED_CONSTANTS = ("mfu", "bandwidth_efficiency", "serial_fraction", "step_overhead", "layer_overhead",
+                        "sequence_overhead", "api_overhead", "compute_saturation_tokens", "api_token_overhead",
+                        "api_core_share")
+_host_constants: dict[tuple[str, float], HardwareProfile] = {}
+
+
+def load_cpu_constants(path: str) -> HardwareProfile:
+    """The CPU profile with the constants of a JSON file ({name: value} of CPU_FITTED_CONSTANTS); raises
+    UnknownProfileError naming what is wrong with the file."""
+    import json
+    import math
+    import os
+
+    try:
+        key = (path, os.stat(path).st_mtime)
+        if key in _host_constants:
+            return _host_constants[key]
+        with open(path, encoding="utf-8") as handle:
+            data = json.load(handle)
+    except (OSError, ValueError) as exc:
+        raise UnknownProfileError(f"{CPU_CONSTANTS_ENV}={path}: cannot read the constants ({exc})") from None
+    if not isinstance(data, dict):
+        raise UnknownProfileError(f"{CPU_CONSTANTS_ENV}={path}: not a JSON object of constants")
+    unknown = sorted(set(data) - set(CPU_FITTED_CONSTANTS))
+    bad = [k for k, v in data.items() if k in CPU_FITTED_CONSTANTS and (
+        isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0)]
+    if unknown or bad or data.get("api_core_share", 0) >= 1 or data.get("mfu", 0.5) == 0:
+        raise UnknownProfileError(
+            f"{CPU_CONSTANTS_ENV}={path}: " + "; ".join(
+                ([f"unknown constants {', '.join(unknown)} (known: {', '.join(CPU_FITTED_CONSTANTS)})"] if unknown
+                 else []) + ([f"{', '.join(bad)} must be finite numbers >= 0"] if bad else [])
+                + (["api_core_share must be below 1"] if data.get("api_core_share", 0) >= 1 else [])
+                + (["mfu must be above 0"] if data.get("mfu", 0.5) == 0 else [])))
+    profile = HARDWARE_PROFILES["CPU"].with_constants(**{k: float(v) for k, v in data.items()})
+    _host_constants[key] = profile
+    return profile
+
+
 def hardware_profile(name: str) -> HardwareProfile:
-    """The profile of a GPU type named as in ``engine.config.GPU_TYPES``."""
+    """The profile of a GPU type named as in ``engine.config.GPU_TYPES`` (``CPU``: with this host's fitted constants
+    when ENGINE_SIM_CPU_CONSTANTS names a file of them)."""
+    import os
+
+    if name == "CPU" and os.environ.get(CPU_CONSTANTS_ENV):
+        return load_cpu_constants(os.environ[CPU_CONSTANTS_ENV])
     try:
         return HARDWARE_PROFILES[name]
     except (KeyError, TypeError):

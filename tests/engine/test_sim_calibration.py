@@ -95,3 +95,28 @@ def test_closed_form_decode_runs_equal_the_sum_of_their_steps(model, gpu, tp, se
     assert cost.decode_run_time(seqs, start, count - 1) < horizon
     if count < steps:
         assert cost.decode_run_time(seqs, start, count) >= horizon
+
+
+def test_a_hosts_fitted_cpu_constants_replace_the_committed_ones_when_named(tmp_path, monkeypatch):
+    import json
+    import os
+
+    from engine.sim.profiles import CPU_CONSTANTS_ENV, UnknownProfileError, hardware_profile
+
+    committed = hardware_profile("CPU")
+    path = tmp_path / "cpu.json"
+    path.write_text(json.dumps({"mfu": 0.25, "api_token_overhead": 4.7e-4, "api_core_share": 0.9}))
+    monkeypatch.setenv(CPU_CONSTANTS_ENV, str(path))
+    host = hardware_profile("CPU")
+    assert (host.mfu, host.api_token_overhead, host.api_core_share) == (0.25, 4.7e-4, 0.9)
+    assert host.bandwidth_efficiency == committed.bandwidth_efficiency  # the others stay
+    assert hardware_profile("H100").mfu == hardware_profile("H100").mfu  # only the CPU profile
+    for bad, words in [({"mfu": "fast"}, "must be finite numbers"), ({"warp_speed": 9}, "unknown constants warp_speed"),
+                       ({"api_core_share": 1.0}, "below 1"), ([1, 2], "not a JSON object")]:
+        path.write_text(json.dumps(bad))
+        os.utime(path, (1, len(words)))  # a new modification time: read again
+        with pytest.raises(UnknownProfileError, match=words):
+            hardware_profile("CPU")
+    monkeypatch.setenv(CPU_CONSTANTS_ENV, str(tmp_path / "missing.json"))
+    with pytest.raises(UnknownProfileError, match="cannot read"):
+        hardware_profile("CPU")
