@@ -42,21 +42,22 @@ def engine_ingest_key(project: str = "default") -> str:
     return raw
 
 
-def platform_grpc_endpoint(grpc_bind: str | None = None) -> str:
-    """host:port of this platform's OTLP/gRPC receiver, as vLLM's --otlp-traces-endpoint takes it."""
-    host, _, port = (grpc_bind or settings.OTLP_GRPC_BIND).rpartition(":")
+def _reachable(bind: str) -> str:
+    """host:port to reach a server bound to ``bind`` from this host (a wildcard address becomes 127.0.0.1)."""
+    host, _, port = bind.rpartition(":")
     host = host.strip("[]")
     if host in ("", "0.0.0.0", "::"):
         host = "127.0.0.1"
     return f"{host}:{port}"
 
 
+def platform_grpc_endpoint(grpc_bind: str | None = None) -> str:
+    """host:port of this platform's OTLP/gRPC receiver, as vLLM's --otlp-traces-endpoint takes it."""
+    return _reachable(grpc_bind or settings.OTLP_GRPC_BIND)
+
+
 def platform_traces_url(http_bind: str | None = None) -> str:
-    host, _, port = (http_bind or settings.HTTP_BIND).rpartition(":")
-    host = host.strip("[]")
-    if host in ("", "0.0.0.0", "::"):
-        host = "127.0.0.1"
-    return f"http://{host}:{port}/v1/traces"
+    return f"http://{_reachable(http_bind or settings.HTTP_BIND)}/v1/traces"
 
 
 def engine_environment(project: str = "default", http_bind: str | None = None) -> dict[str, str]:
