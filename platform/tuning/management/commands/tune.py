@@ -3,8 +3,8 @@
 
 Creates a tuning study, which the platform's worker (Celery, queue `tuning`) executes; shows its progress
 and prints the result: current and best config, goodput (requests/s, simulated), the robust re-scoring,
-why the winner wins, and the confirmation on real-time replicas. Exit 0 done, 1 done but no config meets
-the SLOs, 3 error. `tune show ID` prints a study; `tune propose ID` hands its winner to a rollout;
+why the winner wins, and the confirmation on replicas (real vLLM for a group of real vLLM replicas). Exit 0
+done, 1 done but no config meets the SLOs, 3 error. `tune show ID` prints a study; `tune propose ID` hands its winner to a rollout;
 `tune cancel ID` stops one. Ctrl-C while waiting cancels the study.
 """
 import json
@@ -68,8 +68,9 @@ def report_lines(study: TuningStudy) -> list[str]:
     confirmation = data.get("confirmation") or {}
     if confirmation.get("measured"):
         m, p = confirmation["measured"], confirmation.get("predicted_attainment", {})
+        where = "real vLLM" if confirmation.get("backend") == "vllm" else "real-time simulated replicas"
         lines.append(f"  confirmation (regression run {confirmation['run_id']}, {confirmation['rate']:.2f} req/s on "
-                     "real-time simulated replicas):")
+                     f"{where}):")
         for arm in ("current", "best"):
             measured = m.get(arm, {}).get("attainment")
             lines.append(f"    {arm:<7} attainment measured {_fmt(None if measured is None else 100 * measured, 1)}%"
