@@ -441,18 +441,20 @@ def load_measured(path: str) -> dict[str, RunFigures]:
     return out
 
 
-def heldout_within(points: Sequence[GridPoint], measured: dict[str, RunFigures], model: str,
-                   hardware: HardwareProfile | None = None) -> tuple[int, int] | None:
-    """(gated held-out figures within 20 %, their number) with ``hardware`` (default: the committed CPU profile)."""
-    within = total = 0
+def heldout_errors(points: Sequence[GridPoint], measured: dict[str, RunFigures], model: str,
+                   hardware: HardwareProfile | None = None) -> list[float]:
+    """The gated figures' errors (%) of every measured held-out configuration with ``hardware`` (default: the CPU
+    profile in force)."""
+    out = []
     for point in points:
-        if point.role != "held-out" or point.name not in measured:
-            continue
-        rows = compare(measured[point.name], run_simulated(point, config_for(point, model), hardware))
-        for name in GATED:
-            total += 1
-            within += math.isfinite(rows[name][2]) and abs(rows[name][2]) <= 20.0
-    return (within, total) if total else None
+        if point.role == "held-out" and point.name in measured:
+            rows = compare(measured[point.name], run_simulated(point, config_for(point, model), hardware))
+            out += [rows[name][2] for name in GATED]
+    return out
+
+
+def within_20pct(errors: Sequence[float]) -> int:
+    return sum(1 for error in errors if math.isfinite(error) and abs(error) <= 20.0)
 
 
 def _fmt(value: float) -> str:
@@ -510,9 +512,9 @@ def main(argv: Sequence[str] | None = None) -> int:
               + (" (run-to-run spread: " + ", ".join(f"{k} {v:.0f}%" for k, v in noise[point.name].items()) + ")"
                  if len(runs) > 1 else ""), flush=True)
     if args.fit:
-        committed = heldout_within(points, measured, model)
-        if committed is not None:
-            print(f"BENCH vllm_cpu_heldout_within_20pct_committed_profile={committed[0]}/{committed[1]} figures "
+        committed = heldout_errors(points, measured, model)
+        if committed:
+            print(f"BENCH vllm_cpu_heldout_within_20pct_committed_profile={within_20pct(committed)}/{len(committed)} figures "
                   "(engine/sim/profiles.py's CPU constants, fitted on the reference host; the lines below use the "
                   "constants fitted here)")
         profile = fit_cpu_profile(measured, model)
@@ -555,11 +557,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                   + ("" if point.role == "held-out" else "  (fitting configuration)"))
     if any(p.role == "held-out" for p in points):
         print(f"BENCH vllm_cpu_heldout_worst_error_pct={worst:.1f} %")
-        within = sum(1 for p in points if p.role == "held-out" for name in GATED
-                     if math.isfinite(report[p.name]["errors_pct"][name])
-                     and abs(report[p.name]["errors_pct"][name]) <= 20.0)
-        total = sum(len(GATED) for p in points if p.role == "held-out")
-        print(f"BENCH vllm_cpu_heldout_within_20pct={within}/{total} figures")
+        errors = [report[p.name]["errors_pct"][name] for p in points if p.role == "held-out" for name in GATED]
+        print(f"BENCH vllm_cpu_heldout_within_20pct={within_20pct(errors)}/{len(errors)} figures")
     spreads = [v for figures in noise.values() for v in figures.values()]
     if spreads:
         print(f"BENCH vllm_cpu_real_run_to_run_spread_max_pct={max(spreads):.1f} %")

@@ -345,16 +345,21 @@ def load_cpu_constants(path: str) -> HardwareProfile:
         raise UnknownProfileError(f"{CPU_CONSTANTS_ENV}={path}: cannot read the constants ({exc})") from None
     if not isinstance(data, dict):
         raise UnknownProfileError(f"{CPU_CONSTANTS_ENV}={path}: not a JSON object of constants")
+    problems = []
     unknown = sorted(set(data) - set(CPU_FITTED_CONSTANTS))
-    bad = [k for k, v in data.items() if k in CPU_FITTED_CONSTANTS and (
-        isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0)]
-    if unknown or bad or data.get("api_core_share", 0) >= 1 or data.get("mfu", 0.5) == 0:
-        raise UnknownProfileError(
-            f"{CPU_CONSTANTS_ENV}={path}: " + "; ".join(
-                ([f"unknown constants {', '.join(unknown)} (known: {', '.join(CPU_FITTED_CONSTANTS)})"] if unknown
-                 else []) + ([f"{', '.join(bad)} must be finite numbers >= 0"] if bad else [])
-                + (["api_core_share must be below 1"] if data.get("api_core_share", 0) >= 1 else [])
-                + (["mfu must be above 0"] if data.get("mfu", 0.5) == 0 else [])))
+    if unknown:
+        problems.append(f"unknown constants {', '.join(unknown)} (known: {', '.join(CPU_FITTED_CONSTANTS)})")
+    for name, value in data.items():
+        if name not in CPU_FITTED_CONSTANTS:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+            problems.append(f"{name} must be a finite number >= 0, not {value!r}")
+        elif name == "api_core_share" and value >= 1:
+            problems.append("api_core_share must be below 1")
+        elif name == "mfu" and value == 0:
+            problems.append("mfu must be above 0")
+    if problems:
+        raise UnknownProfileError(f"{CPU_CONSTANTS_ENV}={path}: " + "; ".join(problems))
     profile = HARDWARE_PROFILES["CPU"].with_constants(**{k: float(v) for k, v in data.items()})
     _host_constants[key] = profile
     return profile

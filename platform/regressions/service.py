@@ -148,8 +148,14 @@ def create_run(project, *, dataset: str, target: str | None = None, version: int
         target_spec = runner.parse_target(target) if target is not None else runner.config_target(target_config)
     except runner.TargetError as exc:
         raise RunError(str(exc), field="target" if target is not None else "target_config") from None
-    if config_backend and target_spec["kind"] == "config":
-        target_spec.update(runner.backend_of(config_backend))
+    backend = {}
+    if config_backend:
+        try:
+            backend = runner.backend_of(config_backend)
+        except runner.TargetError as exc:
+            raise RunError(str(exc), field="config_backend") from None
+    if target_spec["kind"] == "config":
+        target_spec.update(backend)
     baseline_target = baseline_run = None
     if baseline and baseline_config is not None:
         raise RunError("give a baseline or a baseline config, not both", field="baseline")
@@ -158,8 +164,7 @@ def create_run(project, *, dataset: str, target: str | None = None, version: int
             baseline_target = runner.config_target(baseline_config)
         except runner.TargetError as exc:
             raise RunError(f"baseline: {exc}", field="baseline_config") from None
-        if config_backend:
-            baseline_target.update(runner.backend_of(config_backend))
+        baseline_target.update(backend)
     elif baseline:
         if baseline.strip().removeprefix("run:").isdigit():
             baseline_run = _baseline_run(project, baseline)

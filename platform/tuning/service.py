@@ -97,38 +97,44 @@ def optuna_study(study: TuningStudy, *, create: bool = False):
 
 
 # ---------------------------------------------------------------------------------------------- inputs
+def _fleet_group(group: str) -> tuple[dict | None, bool, list[dict]]:
+    """(the group's entry or None, whether a controller answered, every group) from the managed fleet; raises
+    FleetUnavailable when the fleet file cannot be read."""
+    from observatory.engine_link import fleet_groups
+
+    groups, live = fleet_groups()
+    entry = next((g for g in groups if g.get("name") == group and not g.get("dynamic")), None)
+    return entry, live, groups
+
+
 def group_config(group: str) -> tuple[EngineConfig, list[str]]:
     """The group's engine config as the managed fleet runs it (the fleet file when no controller answers),
     and its replicas' URLs."""
-    from observatory.engine_link import FleetUnavailable, fleet_groups
+    from observatory.engine_link import FleetUnavailable
 
     try:
-        groups, live = fleet_groups()
+        entry, live, groups = _fleet_group(group)
     except FleetUnavailable as exc:
         raise StudyError(str(exc), field="group") from None
-    for entry in groups:
-        if entry.get("name") == group and not entry.get("dynamic"):
-            urls = [url for url in entry.get("upstreams") or [] if isinstance(url, str)] if live else []
-            return EngineConfig.from_dict(entry.get("config") or {}), urls
-    names = ", ".join(g.get("name", "?") for g in groups if not g.get("dynamic"))
-    raise StudyError(f"the fleet has no replica group {group!r} (groups: {names or 'none'})", field="group")
+    if entry is None:
+        names = ", ".join(g.get("name", "?") for g in groups if not g.get("dynamic"))
+        raise StudyError(f"the fleet has no replica group {group!r} (groups: {names or 'none'})", field="group")
+    urls = [url for url in entry.get("upstreams") or [] if isinstance(url, str)] if live else []
+    return EngineConfig.from_dict(entry.get("config") or {}), urls
 
 
 def group_backend(group: str) -> dict:
     """{"backend", "served_model_name"?} of the group in the fleet (simulator when it cannot be told)."""
-    from observatory.engine_link import FleetUnavailable, fleet_groups
+    from observatory.engine_link import FleetUnavailable
 
     try:
-        groups, _live = fleet_groups()
+        entry, _live, _groups = _fleet_group(group)
     except FleetUnavailable:
-        return {"backend": "simulator"}
-    for entry in groups:
-        if entry.get("name") == group and not entry.get("dynamic"):
-            out = {"backend": entry.get("backend") or "simulator"}
-            if entry.get("served_model_name"):
-                out["served_model_name"] = entry["served_model_name"]
-            return out
-    return {"backend": "simulator"}
+        entry = None
+    out = {"backend": (entry or {}).get("backend") or "simulator"}
+    if entry and entry.get("served_model_name"):
+        out["served_model_name"] = entry["served_model_name"]
+    return out
 
 
 def project_slo(project, group: str, overrides: dict | None = None, target: float | None = None) -> Slo:

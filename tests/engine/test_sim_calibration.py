@@ -111,7 +111,9 @@ def test_a_hosts_fitted_cpu_constants_replace_the_committed_ones_when_named(tmp_
     assert (host.mfu, host.api_token_overhead, host.api_core_share) == (0.25, 4.7e-4, 0.9)
     assert host.bandwidth_efficiency == committed.bandwidth_efficiency  # the others stay
     assert hardware_profile("H100").mfu == hardware_profile("H100").mfu  # only the CPU profile
-    for bad, words in [({"mfu": "fast"}, "must be finite numbers"), ({"warp_speed": 9}, "unknown constants warp_speed"),
+    for bad, words in [({"mfu": "fast"}, "mfu must be a finite number"),
+                       ({"api_core_share": "half"}, "api_core_share must be a finite number"),
+                       ({"warp_speed": 9}, "unknown constants warp_speed"),
                        ({"api_core_share": 1.0}, "below 1"), ([1, 2], "not a JSON object")]:
         path.write_text(json.dumps(bad))
         os.utime(path, (1, len(words)))  # a new modification time: read again
