@@ -184,6 +184,9 @@ class Options(Schema):
     timeout_s: StrictFloat | StrictInt = Field(600.0, gt=0, le=3600)
     seed: StrictInt = Field(0, ge=0, le=2**31 - 1)
     reset_prefix_cache: StrictBool = False
+    arms: Literal["together", "in_turn"] = Field(
+        "together", description="paired runs: both arms of an item sent at once (together), or the baseline's "
+                                "whole replay and then the candidate's (in_turn; for targets sharing one machine)")
 
 
 class NewRun(Schema):
@@ -321,6 +324,7 @@ class ResultOut(Schema):
     scores: dict[str, Any]
     passed: Optional[bool]
     row_found: bool
+    sent_at: Optional[dt.datetime] = Field(None, description="when the request was sent")
 
 
 class Results(Schema):
@@ -550,4 +554,4 @@ def read_results(request: HttpRequest, path: Path[RunPath], query: Query[Results
         "success": r.success, "status": r.status, "error": r.error or None, "output": r.output,
         "finish_reason": r.finish_reason or None, "prompt_tokens": r.prompt_tokens,
         "completion_tokens": r.completion_tokens, "prompt_bucket": r.prompt_bucket or None, "metrics": r.metrics,
-        "scores": r.scores, "passed": r.passed, "row_found": r.row_found} for r in page]}
+        "scores": r.scores, "passed": r.passed, "row_found": r.row_found, "sent_at": r.sent_at} for r in page]}

@@ -266,7 +266,8 @@ class Slot:
     repetition: int
     arm: str
     warmup: bool
-    offset: float  # seconds from the start
+    offset: float  # seconds from the start of its phase
+    phase: int = 0  # arms in turn: phases run one after another, the next once every request of the last ended
 
 
 def _offsets(options: dict, count: int) -> list[float]:
@@ -282,25 +283,39 @@ def _offsets(options: dict, count: int) -> list[float]:
 
 def plan(items: list[dict], options: dict, *, paired: bool) -> list[Slot]:
     """Warm-up requests first (the first `warmup` items, candidate then baseline), then every item ×
-    repetition; paired, both arms of an item are sent at the same moment, their order alternating."""
-    units: list[list[tuple[dict, int, bool]]] = []
+    repetition. Paired with arms `together` (the default), both arms of an item are sent at the same moment,
+    their order alternating; with arms `in_turn`, the baseline's whole replay (phase 0) comes before the
+    candidate's (phase 1), each with the same arrival times and its own warm-up, so the two never share the
+    machine (two real vLLM servers on one CPU host would split its cores)."""
+    units: list[tuple[dict, int, bool]] = []
     for n in range(int(options.get("warmup", 0))):
-        units.append([(items[n % len(items)], n, True)])
+        units.append((items[n % len(items)], n, True))
     for repetition in range(int(options.get("repetitions", 1))):
         for item in items:
-            units.append([(item, repetition, False)])
+            units.append((item, repetition, False))
     offsets = _offsets(options, len(units))
-    slots = []
-    seq = 0
-    for index, (unit, offset) in enumerate(zip(units, offsets)):
-        item, repetition, warmup = unit[0]
+    slots: list[Slot] = []
+    if paired and options.get("arms") == "in_turn":
+        for phase, arm in enumerate(("baseline", "candidate")):
+            for (item, repetition, warmup), offset in zip(units, offsets):
+                slots.append(Slot(len(slots), item, repetition, arm, warmup, offset, phase))
+        return slots
+    for index, ((item, repetition, warmup), offset) in enumerate(zip(units, offsets)):
         arms = ["candidate"]
         if paired:
             arms = ["candidate", "baseline"] if index % 2 == 0 else ["baseline", "candidate"]
         for arm in arms:
-            slots.append(Slot(seq, item, repetition, arm, warmup, offset))
-            seq += 1
+            slots.append(Slot(len(slots), item, repetition, arm, warmup, offset))
     return slots
+
+
+def rebase(slots: list[Slot]) -> list[Slot]:
+    """What is left of a plan, each phase's offsets counted from its first remaining request (a resumed run
+    sends at once what it had not sent)."""
+    first: dict[int, float] = {}
+    for slot in slots:
+        first.setdefault(slot.phase, slot.offset)
+    return [dataclasses.replace(s, offset=s.offset - first[s.phase]) for s in slots]
 
 
 # -- sending -------------------------------------------------------------------------------------------------
@@ -422,17 +437,18 @@ class Replay:
                 self.finished.put((slot, record, time.time() - (record.e2e_ms or 0) / 1000.0))
 
             tasks: list[asyncio.Task] = []
-            run_start = time.perf_counter()
             try:
-                for slot in self.slots:
-                    delay = run_start + slot.offset - time.perf_counter()
-                    if self.time_limit is not None and slot.offset > self.time_limit:
-                        self.stopped_early = True
-                        break
-                    if delay > 0:
-                        await asyncio.sleep(delay)
-                    tasks.append(asyncio.create_task(one(slot, run_start)))
-                await asyncio.gather(*tasks)
+                for phase in sorted({slot.phase for slot in self.slots}):
+                    run_start = time.perf_counter()
+                    for slot in (s for s in self.slots if s.phase == phase):
+                        delay = run_start + slot.offset - time.perf_counter()
+                        if self.time_limit is not None and slot.offset > self.time_limit:
+                            self.stopped_early = True
+                            break
+                        if delay > 0:
+                            await asyncio.sleep(delay)
+                        tasks.append(asyncio.create_task(one(slot, run_start)))
+                    await asyncio.gather(*tasks)  # the next phase starts once every request of this one ended
             except BaseException:
                 for task in tasks:
                     task.cancel()

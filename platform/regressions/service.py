@@ -46,6 +46,7 @@ runner = _LazyRunner()
 
 ARRIVALS = ("poisson", "constant")
 PREFETCH_SECONDS = 2.0  # while a run goes, the rows of requests finished this long ago are fetched every as often
+ARMS_ORDERS = ("together", "in_turn")
 OPTION_LIMITS = {"repetitions": (1, 100), "warmup": (0, 1000), "max_concurrency": (1, 10_000)}
 
 
@@ -68,7 +69,7 @@ def clean_options(options: dict | None) -> dict:
     options = dict(options or {})
     problems = []
     known = {"rate", "arrival", "burstiness", "max_concurrency", "repetitions", "warmup", "time_limit_s",
-             "timeout_s", "seed", "reset_prefix_cache"}
+             "timeout_s", "seed", "reset_prefix_cache", "arms"}
     unknown = set(options) - known
     if unknown:
         problems.append(f"unknown options {', '.join(sorted(unknown))} (known: {', '.join(sorted(known))})")
@@ -107,6 +108,11 @@ def clean_options(options: dict | None) -> dict:
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**31:
         problems.append("seed must be a whole number in [0, 2^31)")
     out["seed"] = seed
+    arms = options.get("arms", "together")
+    if arms not in ARMS_ORDERS:
+        problems.append("arms must be together (a paired run sends both arms of an item at once) or in_turn "
+                        "(the baseline's whole replay, then the candidate's)")
+    out["arms"] = arms
     reset = options.get("reset_prefix_cache", False)
     if not isinstance(reset, bool):
         problems.append("reset_prefix_cache must be true or false")
@@ -335,8 +341,7 @@ def replay(run: RegressionRun, lease: Lease, rows: dict[str, dict] | None = None
         if run.requests_ended_at is None:
             _update(run, requests_ended_at=timezone.now())
         return True
-    first = remaining[0].offset
-    remaining = [runner.Slot(s.seq, s.item, s.repetition, s.arm, s.warmup, s.offset - first) for s in remaining]
+    remaining = runner.rebase(remaining)
     targets = {Arm.CANDIDATE.value: dict(run.target)}
     if paired:
         targets[Arm.BASELINE.value] = dict(run.baseline_target)

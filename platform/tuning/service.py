@@ -666,7 +666,9 @@ def _confirm(study: TuningStudy, problem: S.Problem, result: dict, lease: Lease)
             run = create_run(study.project, dataset=name, target_config=best["config"],
                              baseline_config=study.current_config, created_by=study.created_by or "tuning",
                              options={"rate": rate, "arrival": "poisson", "seed": study.seed,
-                                      "burstiness": problem.workload.burstiness},
+                                      "burstiness": problem.workload.burstiness,
+                                      # two real vLLM servers on this host's cores would slow each other
+                                      "arms": "in_turn" if backend["backend"] == "vllm" else "together"},
                              config_backend=backend if backend["backend"] == "vllm" else None)
         except RunError as exc:
             result["confirmation"] = {"error": f"the confirmation run could not start: {exc}"}
@@ -716,7 +718,8 @@ def confirmation_figures(run, problem: S.Problem, rate: float) -> dict:
     out = {"run_id": run.id, "state": run.state, "verdict": run.verdict, "rate": round(rate, 4),
            "target": problem.slo.target, "measured": arms, "predicted_attainment": predicted,
            "backend": "vllm" if real else "simulator", "note": (
-               "replayed on real vLLM: a `vllm serve` per config, started for the run with the launcher's command"
+               "replayed on real vLLM: a `vllm serve` per config, started for the run with the launcher's command; "
+               "the current config's replay, then the winner's (in turn: two servers would split this host's cores)"
                if real else "replayed on real-time simulated replicas (this host has no GPU): the engine simulator "
                "in real time, with HTTP, tokenisation and tracing on the path")}
     best = arms.get("best", {}).get("attainment")

@@ -3,6 +3,7 @@ API (datasets, runs, results joined with the decomposed rows, comparison, cancel
 target failing half its requests, a dataset shaped like the traffic, and a platform restart mid-run."""
 from __future__ import annotations
 
+import datetime as dt
 import json
 import subprocess
 import sys
@@ -262,6 +263,31 @@ def test_engine_configs_started_for_the_run(datasets):
     status, rows = live.api("GET", f"/api/v1/requests?trace_id={results['results'][0]['trace_id']}")
     assert rows["requests"][0]["replica_group"].startswith(f"run-{run['id']}-")
     assert [h["role"] for h in rows["requests"][0]["hops"]] == ["client", "engine"]
+
+
+def test_arms_in_turn_replay_the_baseline_then_the_candidate(datasets):
+    """Paired engine configs with arms in_turn: no candidate request is sent before every baseline request ended."""
+    live = datasets
+    base = {"model": "meta-llama/Llama-3.1-8B-Instruct", "gpu_type": "H100", "tensor_parallel_size": 1}
+    status, body = live.api("POST", "/api/v1/regression-runs", {"dataset": "tiny", "target_config": base,
+                                                                 "baseline_config": base, "options": {"arms": "both"}})
+    assert status == 400 and "arms" in body["error"], body
+    status, run = live.api("POST", "/api/v1/regression-runs",
+                           {"dataset": "golden", "target_config": {**base, "max_num_seqs": 2}, "baseline_config": base,
+                            "options": {"rate": 40, "arms": "in_turn", "warmup": 2}})
+    assert status == 201, run
+    assert run["progress"]["total"] == 2 * (40 + 2)
+    run = wait_done(live, run["id"])
+    assert run["state"] == "done" and run["verdict"] == "fail", run  # max_num_seqs 2 still queues, alone
+    status, results = live.api("GET", f"/api/v1/regression-runs/{run['id']}/results?limit=1000")
+    assert results["total"] == 80 and all(r["success"] for r in results["results"])
+
+    def moments(arm):
+        return [(dt.datetime.fromisoformat(r["sent_at"]).timestamp(), r["metrics"]["e2e_ms"] / 1000.0)
+                for r in results["results"] if r["arm"] == arm]
+
+    baseline_ended = max(sent + e2e for sent, e2e in moments("baseline"))
+    assert min(sent for sent, _ in moments("candidate")) >= baseline_ended - 0.05
 
 
 def test_a_platform_restart_mid_run_resumes_it(datasets):

@@ -4,8 +4,8 @@ profile, and its confirmation replays the winner and the current config on real 
 regression run starts for itself (the launcher's command, every knob on its argv), measured from vLLM's own
 llm_request spans.
 
-Not in CI: the module starts three real vLLM processes (the group's, then one per arm of the confirmation, side
-by side on two cores) and takes a few minutes. Run it with OBSERVATORY_REAL_VLLM_TUNING=1 (and make vllm)."""
+Not in CI: the module starts three real vLLM processes (the group's, then one per arm of the confirmation, replayed
+in turn) and takes a few minutes. Run it with OBSERVATORY_REAL_VLLM_TUNING=1 (and make vllm)."""
 from __future__ import annotations
 
 import json
@@ -41,6 +41,7 @@ def test_a_study_on_real_vllm_is_confirmed_on_real_vllm(vllm_live, tmp_path):
     assert set(confirmation["predicted_attainment"]) == {"best", "current"} and "gap_best" in confirmation
     # The run replayed on real vLLM: both arms' targets say so, and its rows are vLLM's own spans, decomposed.
     assert run["target"]["backend"] == "vllm" and run["baseline_target"]["backend"] == "vllm", run
+    assert run["options"]["arms"] == "in_turn"  # one vLLM server loaded at a time
     assert run["target"]["config"]["max_num_seqs"] == best["config"]["max_num_seqs"]
     assert run["summary"]["rows_found"] >= 80, run["summary"]
     status, results = vllm_live.api("GET", f"/api/v1/regression-runs/{confirmation['run_id']}/results")

@@ -96,6 +96,9 @@ class Command(BaseCommand):
         run.add_argument("--time-limit", type=float, default=None, help="stop sending after this many seconds")
         run.add_argument("--seed", type=int, default=0)
         run.add_argument("--reset-prefix-cache", action="store_true")
+        run.add_argument("--arms", choices=service.ARMS_ORDERS, default="together",
+                         help="paired runs: both arms of an item at once (together), or the baseline's whole replay "
+                              "then the candidate's (in_turn: for targets that share one machine)")
         run.add_argument("--gates", default=None, help="gates file (YAML or JSON); default gates otherwise")
         run.add_argument("--json", default=None, help="write the result as JSON to this file")
         run.add_argument("--no-wait", action="store_true", help="print the run id and return")
@@ -147,7 +150,8 @@ class Command(BaseCommand):
             raise CommandError(f"--rate must be a number or inf (got {rate!r})") from None
         options = {"rate": rate, "arrival": o["arrival"], "burstiness": o["burstiness"],
                    "max_concurrency": o["concurrency"], "repetitions": o["repetitions"], "warmup": o["warmup"],
-                   "time_limit_s": o["time_limit"], "seed": o["seed"], "reset_prefix_cache": o["reset_prefix_cache"]}
+                   "time_limit_s": o["time_limit"], "seed": o["seed"], "reset_prefix_cache": o["reset_prefix_cache"],
+                   "arms": o["arms"]}
         try:
             run = service.create_run(project, dataset=o["dataset"], version=o["dataset_version"], target=o["target"],
                                      baseline=o["baseline"], options=options, gates=gates, created_by="manage.py",
