@@ -23,7 +23,7 @@ from .inputs import validate
 from .views import _base
 
 log = logging.getLogger(__name__)
-RUN_FIELDS = {"dataset", "target", "baseline", "rate", "max_concurrency", "repetitions", "warmup"}
+RUN_FIELDS = {"dataset", "target", "baseline", "rate", "max_concurrency", "repetitions", "warmup", "arms"}
 ECDF_METRICS = ("ttft_ms", "e2e_ms", "tpot_ms", "queue_ms", "prefill_ms", "decode_ms")
 ECDF_POINTS = 200
 MAX_UPLOAD = 16 * 1024 * 1024
@@ -49,7 +49,7 @@ def _page(request: HttpRequest, viewer: Viewer, **extra) -> HttpResponse:
             .select_related("project", "dataset_version__dataset").order_by("-id")[:50]]
     active = any(r["state"] in ("queued", "running", "analysing") for r in runs)
     context = {"datasets": datasets, "runs": runs, "active": active, "formats": FORMATS,
-               "values": {"rate": "inf", "repetitions": 1, "warmup": 0}, "errors": {}, "import_errors": [],
+               "values": {"rate": "inf", "repetitions": 1, "warmup": 0, "arms": "together"}, "errors": {}, "import_errors": [],
                **extra}
     if request.headers.get("HX-Request"):
         response = render(request, "dashboards/partials/regression_runs.html",
@@ -92,6 +92,8 @@ def run_create(request: HttpRequest, viewer: Viewer) -> HttpResponse:
         value = _number(values[key])
         if value is not None:
             options[key] = value
+    if values["arms"]:
+        options["arms"] = values["arms"]
     data = {"dataset": values["dataset"], "target": values["target"], "options": options}
     if values["baseline"]:
         data["baseline"] = values["baseline"]

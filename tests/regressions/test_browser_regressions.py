@@ -99,9 +99,11 @@ def test_import_run_and_read_a_comparison_in_the_browser(browser, live, password
     page.fill("#f-target", "group:same")
     page.fill("#f-baseline", "group:base")
     page.fill("#f-max_concurrency", "4")
+    page.select_option("#f-arms", "in_turn")
     page.click("form.run-form button[type=submit]")
     page.wait_for_load_state("networkidle")
     assert re.search(r"/regressions/runs/\d+/$", page.url), page.url
+    assert "in turn: the baseline's whole replay, then the candidate's" in page.locator("p.meta").first.inner_text()
     page.screenshot(path=str(shots / "regressions-run-progress.png"), full_page=True)
     # The page polls while the run goes, then reloads itself with the comparison.
     page.wait_for_selector("[data-testid=verdict]", timeout=120_000)
