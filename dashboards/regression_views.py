@@ -49,8 +49,8 @@ def _page(request: HttpRequest, viewer: Viewer, **extra) -> HttpResponse:
             .select_related("project", "dataset_version__dataset").order_by("-id")[:50]]
     active = any(r["state"] in ("queued", "running", "analysing") for r in runs)
     context = {"datasets": datasets, "runs": runs, "active": active, "formats": FORMATS,
-               "values": {"rate": "inf", "repetitions": 1, "warmup": 0, "arms": "together"}, "errors": {}, "import_errors": [],
-               **extra}
+               "values": {"rate": "inf", "repetitions": 1, "warmup": 0, "arms": "together"}, "errors": {},
+               "import_errors": [], **extra}
     if request.headers.get("HX-Request"):
         response = render(request, "dashboards/partials/regression_runs.html",
                           _base(request, viewer, "regressions", **context))

@@ -514,9 +514,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.fit:
         committed = heldout_errors(points, measured, model)
         if committed:
-            print(f"BENCH vllm_cpu_heldout_within_20pct_committed_profile={within_20pct(committed)}/{len(committed)} figures "
-                  "(engine/sim/profiles.py's CPU constants, fitted on the reference host; the lines below use the "
-                  "constants fitted here)")
+            print(f"BENCH vllm_cpu_heldout_within_20pct_committed_profile={within_20pct(committed)}/{len(committed)} "
+                  "figures (engine/sim/profiles.py's CPU constants, fitted on the reference host; the lines below use "
+                  "the constants fitted here)")
         profile = fit_cpu_profile(measured, model)
         print("# fitted CPU constants (engine/sim/profiles.py, _CPU):")
         for name in FITTED:

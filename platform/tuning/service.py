@@ -9,8 +9,9 @@ random token every write is conditional on, kept fresh by a heartbeat thread). P
    enqueues its point again (``search.recover``).
 2. ``rescoring``: the top candidates and the current config over several seeds.
 3. ``confirming``: a paired regression run of the winner against the current config, both
-   started as real-time simulated replicas (``target_config``/``baseline_config``), on items
-   with the workload's lengths at the winner's predicted goodput (capped by
+   started for the run on the group's backend (``target_config``/``baseline_config``: real-time
+   simulated replicas, or real `vllm serve` processes replayed in turn for a real-vLLM group), on
+   items with the workload's lengths at the winner's predicted goodput (capped by
    ``CONFIRM_MAX_RATE``); SLO attainment is measured per arm from the decomposed rows.
 """
 from __future__ import annotations
@@ -380,7 +381,7 @@ def _execute(study: TuningStudy, lease: Lease) -> str:
                     phase="no config meets the SLOs")
             return StudyState.DONE
         if study.confirm:
-            _update(study, state=StudyState.CONFIRMING, result=result, phase="confirming on real-time replicas")
+            _update(study, state=StudyState.CONFIRMING, result=result, phase="confirming on replicas")
             state = StudyState.CONFIRMING
         else:
             _update(study, state=StudyState.DONE, result=result, finished_at=timezone.now(), phase="done")
@@ -661,6 +662,7 @@ def _confirm(study: TuningStudy, problem: S.Problem, result: dict, lease: Lease)
         write_version(study.project, name, items, source="tuning", replace=True, created_by=study.created_by,
                       note=f"lengths of tuning study {study.id}'s workload")
         backend = group_backend(study.group)
+        real = backend["backend"] == "vllm"
         try:
             # On the group's own backend: real `vllm serve` processes for a group of real vLLM replicas.
             run = create_run(study.project, dataset=name, target_config=best["config"],
@@ -668,8 +670,8 @@ def _confirm(study: TuningStudy, problem: S.Problem, result: dict, lease: Lease)
                              options={"rate": rate, "arrival": "poisson", "seed": study.seed,
                                       "burstiness": problem.workload.burstiness,
                                       # two real vLLM servers on this host's cores would slow each other
-                                      "arms": "in_turn" if backend["backend"] == "vllm" else "together"},
-                             config_backend=backend if backend["backend"] == "vllm" else None)
+                                      "arms": "in_turn" if real else "together"},
+                             config_backend=backend if real else None)
         except RunError as exc:
             result["confirmation"] = {"error": f"the confirmation run could not start: {exc}"}
             return None

@@ -103,6 +103,7 @@ def test_import_run_and_read_a_comparison_in_the_browser(browser, live, password
     page.click("form.run-form button[type=submit]")
     page.wait_for_load_state("networkidle")
     assert re.search(r"/regressions/runs/\d+/$", page.url), page.url
+    run_path = page.url.removeprefix(url)
     assert "in turn: the baseline's whole replay, then the candidate's" in page.locator("p.meta").first.inner_text()
     page.screenshot(path=str(shots / "regressions-run-progress.png"), full_page=True)
     # The page polls while the run goes, then reloads itself with the comparison.
@@ -128,6 +129,14 @@ def test_import_run_and_read_a_comparison_in_the_browser(browser, live, password
     row = page.locator("[data-testid=runs] tbody tr").first
     assert "browser-set" in row.inner_text() and re.search(r"pass|fail|inconclusive", row.inner_text(), re.I)
     page.screenshot(path=str(shots / "regressions.png"), full_page=True)
+    # A narrow window: the list, the run form (its paired-arms choice) and the run page still fit its width.
+    narrow = context.new_page()
+    narrow.set_viewport_size({"width": 420, "height": 900})
+    for path, name in (("/regressions/", "regressions-narrow.png"), (run_path, "regressions-run-narrow.png")):
+        narrow.goto(url + path)
+        narrow.wait_for_load_state("networkidle")
+        narrow.screenshot(path=str(shots / name), full_page=True)
+        assert narrow.evaluate("document.documentElement.scrollWidth") <= 420, path
     assert errors == [], errors
     context.close()
 

@@ -3,9 +3,9 @@
 
 Creates a tuning study, which the platform's worker (Celery, queue `tuning`) executes; shows its progress
 and prints the result: current and best config, goodput (requests/s, simulated), the robust re-scoring,
-why the winner wins, and the confirmation on replicas (real vLLM for a group of real vLLM replicas). Exit 0
-done, 1 done but no config meets the SLOs, 3 error. `tune show ID` prints a study; `tune propose ID` hands its winner to a rollout;
-`tune cancel ID` stops one. Ctrl-C while waiting cancels the study.
+why the winner wins, and the confirmation on replicas (real vLLM for a group of real vLLM replicas).
+Exit 0 done, 1 done but no config meets the SLOs, 3 error. `tune show ID` prints a study; `tune propose ID`
+hands its winner to a rollout; `tune cancel ID` stops one. Ctrl-C while waiting cancels the study.
 """
 import json
 import sys
