@@ -127,12 +127,16 @@ class SimOptions:
     # The API server's work per streamed output token (HardwareProfile.api_token_overhead), queued in the order the
     # engine makes tokens; None: the hardware profile's.
     api_seconds_per_output_token: float | None = None
+    # The API server's work per server-sent event (HardwareProfile.api_event_overhead): a stream whose previous
+    # output the server has not sent yet gets this step's tokens merged into it; None: the hardware profile's.
+    api_seconds_per_event: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("api_overhead_seconds", "tokenize_seconds_per_token", "detokenize_seconds_per_token",
-                     "api_seconds_per_output_token"):
+                     "api_seconds_per_output_token", "api_seconds_per_event"):
             value = getattr(self, name)
-            if value is None and name in ("api_overhead_seconds", "api_seconds_per_output_token"):
+            if value is None and name in ("api_overhead_seconds", "api_seconds_per_output_token",
+                                          "api_seconds_per_event"):
                 continue
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
                 raise ValueError(f"SimOptions.{name} must be a number >= 0, not {value!r}")
@@ -149,6 +153,8 @@ class SimOptions:
             changes["api_server_serial"] = hardware.api_server_serial
         if self.api_seconds_per_output_token is None:
             changes["api_seconds_per_output_token"] = hardware.api_token_overhead
+        if self.api_seconds_per_event is None:
+            changes["api_seconds_per_event"] = hardware.api_event_overhead
         return dataclasses.replace(self, **changes) if changes else self
 
     def api_time_before(self, prompt_tokens: int) -> float:
@@ -283,12 +289,14 @@ class EngineCore:
         self.itl_samples: list[tuple[float, int]] = []
         # The API server's token stream as a fluid queue: work (seconds) not yet done at _stream_clock.
         self._stream_cost = self.options.api_seconds_per_output_token or 0.0
+        self._stream_event = self.options.api_seconds_per_event or 0.0
+        self._streaming = bool(self._stream_cost or self._stream_event)
         self._stream_backlog = 0.0
         self._stream_clock = -math.inf
         self._stream_last_work = 0.0
         self._stream_lag = 0.0  # how far behind the engine the stream is after the last step
         # The share of the engine's compute the API server takes while it works (the cores are shared).
-        self._stream_share = self.hardware.api_core_share if self._stream_cost else 0.0
+        self._stream_share = self.hardware.api_core_share if self._streaming else 0.0
         self._admit_backlog = 0.0  # the server's admission work not yet done at _stream_clock
 
     # ------------------------------------------------------------------ state
@@ -772,9 +780,10 @@ class EngineCore:
                          num_preempted=len(preempted))
         new_tokens = out.new_tokens
         record_itl = self.options.record_itl
-        if self._stream_cost:
-            self._stream(now, end, agg_tokens + sum(emitted for _seq, emitted in emitters), 1)
-        lag = self._stream_lag if self._stream_cost else 0.0
+        if self._streaming:
+            self._stream(now, end, agg_tokens + sum(emitted for _seq, emitted in emitters),
+                         self._agg_n + sum(1 for _seq, emitted in emitters if emitted), 1)
+        lag = self._stream_lag if self._streaming else 0.0
 
         # 4. The aggregate: every member computed one token and sampled the next.
         if agg_tokens:
@@ -847,23 +856,33 @@ class EngineCore:
         request.num_generated = seq.generated
         request.finish_reason = reason
         request.finished_time = now
-        request.stream_lag_last = self._stream_lag if self._stream_cost and self._stream_clock <= now else 0.0
+        request.stream_lag_last = self._stream_lag if self._streaming and self._stream_clock <= now else 0.0
         del self._requests[request.request_id]
         if reason == "length":
             self.num_requests_finished += 1
 
-    def _stream(self, start: float, end: float, tokens: int, steps: int) -> None:
+    def _stream(self, start: float, end: float, tokens: int, streams: int, steps: int) -> None:
         """The API server's token stream over ``steps`` equal steps from ``start`` to ``end`` that made ``tokens``
-        tokens (each step's share at its end), as a fluid queue: a step whose tokens need more of the server than
-        the step lasts leaves a backlog that grows, one that needs less drains it. The server shares its time
-        between the tokens and the requests it is admitting (``stream_admit``), so either class waits longer while
-        the other has work. The lag at a token's step is how much later than the engine the client sees it."""
+        tokens for ``streams`` streams each (each step's share at its end), as a fluid queue: a step whose output
+        needs more of the server than the step lasts leaves a backlog that grows, one that needs less drains it.
+        Each token costs the server its per-token work; each stream's step costs one event, unless the server is
+        still behind on that stream's previous output, which the new tokens then join (vLLM merges a lagging
+        stream's outputs): with a backlog of L seconds each stream is visited about once per L, so a step of d
+        seconds costs streams · d / max(d, L) events. The server shares its time between the tokens and the
+        requests it is admitting (``stream_admit``), so either class waits longer while the other has work. The
+        lag at a token's step is how much later than the engine the client sees it."""
         self._stream_drain(start - self._stream_clock)
         step = (end - start) / steps
-        work = tokens / steps * self._stream_cost
+        token_work = tokens / steps * self._stream_cost
+        event = self._stream_event
+        work = token_work
         for _ in range(steps):
             self._stream_drain(step)
-            self._stream_backlog += work
+            backlog = self._stream_backlog
+            work = token_work
+            if event and streams:
+                work += streams * event * (step / backlog if backlog > step else 1.0)
+            self._stream_backlog = backlog + work
         self._stream_clock = end
         self._stream_last_work = work
         backlog = self._stream_backlog
@@ -962,8 +981,8 @@ class EngineCore:
             blocks += bucket[(tick + extra) % size]
         self.pool.take(blocks)
         duration = self.cost.decode_run_time(n, context, steps)
-        if self._stream_cost:
-            self._stream(start, start + duration, n * steps, steps)
+        if self._streaming:
+            self._stream(start, start + duration, n * steps, n, steps)
         if self.options.record_itl:
             step_time = self.cost.decode_step_time
             samples = self.itl_samples

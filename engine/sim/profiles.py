@@ -69,7 +69,13 @@ class HardwareProfile:
     # grows (SimOptions.api_seconds_per_output_token). 0 on the GPU hosts, where a step's tens of tokens cost the
     # server far less than the step; fitted for the CPU build, whose server shares two cores with the engine.
     api_token_overhead: float = 0.0
-    # The share of the engine's compute the API server's work takes while it has any (api_token_overhead > 0): the
+    # Seconds of the API server's work per server-sent event, beside the per-token work: building and writing one
+    # chunk of a stream (SimOptions.api_seconds_per_event). vLLM merges a stream's outputs while its consumer is
+    # behind (RequestOutputCollector), so a server that lags sends one event for several tokens: this part of the
+    # cost shrinks per token as the lag grows, which keeps a loaded server's lag bounded where a per-token cost
+    # alone would not. 0 on the GPU hosts; fitted for the CPU build.
+    api_event_overhead: float = 0.0
+    # The share of the engine's compute the API server's work takes while it has any (it streams at a cost): the
     # CPU build's engine runs its threads on the cores the server uses, so a step that runs beside the server's
     # streaming and admissions takes longer (d' = d + share · the server's work in the step). 0 on the GPU hosts.
     api_core_share: float = 0.0
@@ -324,7 +330,7 @@ DEFAULT_DRAFT_MODEL = "meta-llama/Llama-3.2-1B-Instruct"
 CPU_CONSTANTS_ENV = "ENGINE_SIM_CPU_CONSTANTS"
 CPU_FITTED_CONSTANTS = ("mfu", "bandwidth_efficiency", "serial_fraction", "step_overhead", "layer_overhead",
                         "sequence_overhead", "api_overhead", "compute_saturation_tokens", "api_token_overhead",
-                        "api_core_share")
+                        "api_event_overhead", "api_core_share")
 _host_constants: dict[tuple[str, float], HardwareProfile] = {}
 
 
