@@ -935,6 +935,15 @@ class EngineCore:
         admit = self._admit_backlog
         return arrival + admit + min(admit, tokens)
 
+    def stream_release(self, when: float, work: float) -> None:
+        """A finished request's API work after its last token (``work`` seconds: the response's end, the request's
+        teardown) on the one API-server process (SimOptions.api_server_serial): load on the server like an
+        admission's, which the requests it admits next and the engine's steps beside it share."""
+        if when > self._stream_clock:
+            self._stream_drain(when - self._stream_clock)
+            self._stream_clock = when
+        self._admit_backlog += work
+
     # ------------------------------------------------------------------ runs of decode steps
     def _run_length(self, start: float, until: float | None) -> int:
         """How many decode-only steps can follow from ``start`` before an event changes the batch."""

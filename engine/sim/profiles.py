@@ -178,10 +178,11 @@ _H100 = HardwareProfile(
 # virtualised AMD EPYC with AVX-512 BF16, sharing them with the API server and the benchmark client. There is no
 # datasheet: the peak figures are nominal (2 cores x 3 GHz x 128 bf16 FLOP/cycle; one DDR5 channel's worth of
 # bandwidth), and every fitted constant comes from real vLLM runs on the same machine with the fitting
-# configurations of engine/bench/vllm_cpu.py (2026-11-26's runs; SciPy Nelder-Mead, 7 starts; refitted with
-# --measured as the model gained compute saturation, serial API admission, the API server's token stream and its
-# share of the cores), never the held-out ones. The API server's costs (22 ms per request, 55 us per streamed
-# token, and the engine running at 41 % speed while the server works) weigh more than on a GPU host: vLLM's
+# configurations of engine/bench/vllm_cpu.py (2026-11-26's runs; refitted with --measured as the model gained
+# compute saturation, serial API admission, the API server's token stream, its share of the cores, merged stream
+# events and the finished requests' work; last with the global search, differential evolution), never the held-out
+# ones. Those runs hold no burst, so the streaming costs are barely seen and fit near 0. The API server's costs
+# (22 ms per request, and the engine at 53 % speed while the server works) weigh more than on a GPU host: vLLM's
 # frontend, scheduler, input preparation and sampling run in Python on the same two cores as the model. Other
 # hosts of this kind differ (docs/engine-simulator.md: one ran 2.5-5x slower under load): `make bench-vllm`
 # fits the constants on the host it runs on.
@@ -193,17 +194,18 @@ _CPU = HardwareProfile(
     hbm_bandwidth=40e9,
     interconnect_bandwidth=1e9,
     interconnect_latency=1e-3,
-    mfu=0.6861,
-    bandwidth_efficiency=0.2854,
-    serial_fraction=0.4525,
-    step_overhead=2.908e-4,
-    layer_overhead=2.455e-6,
-    sequence_overhead=57.04e-6,
-    api_overhead=22.4e-3,
-    compute_saturation_tokens=0.2511,
+    mfu=0.6649,
+    bandwidth_efficiency=0.2418,
+    serial_fraction=0.1164,
+    step_overhead=1.577e-4,
+    layer_overhead=1.883e-7,
+    sequence_overhead=1.694e-6,
+    api_overhead=22.29e-3,
+    compute_saturation_tokens=0.7747,
     api_server_serial=True,
-    api_token_overhead=5.465e-5,
-    api_core_share=0.5856,
+    api_token_overhead=3.261e-6,
+    api_event_overhead=8.200e-7,
+    api_core_share=0.4654,
 )
 HARDWARE_PROFILES: dict[str, HardwareProfile] = {
     "H100": _H100,

@@ -176,6 +176,7 @@ def simulate(
     now = arrivals[0][1].arrival_time if arrivals else 0.0
     position = 0
     add, advance, step, admit = engine.add_request, engine.advance, engine.step, engine.stream_admit
+    release = engine.stream_release
     calls = 0
     inf = math.inf
     while True:
@@ -205,6 +206,9 @@ def simulate(
         until = following if following < inf else None
         out = advance(now, until, collect=False) if skip else step(now)
         calls += 1
+        if serial:
+            for request in out.finished:  # its API work after the last token, on the same server process
+                release(request.finished_time, options.api_time_after(request.num_generated))
         if stop is not None and calls % stop_every == 0 and stop(out.end_time):
             break
         if out.num_scheduled_tokens == 0:

@@ -163,6 +163,23 @@ def test_one_api_server_admits_a_burst_in_turn():
     assert {round(r.queued_time, 9) for r in apart.requests} == {0.002}
 
 
+def test_a_finished_requests_api_work_delays_the_next_admission_on_one_server():
+    api = dict(api_overhead_seconds=40e-3, tokenize_seconds_per_token=0.0, detokenize_seconds_per_token=0.0,
+               api_seconds_per_output_token=0.0)
+    config = EngineConfig(max_model_len=4096)
+    alone = simulate(config, [SimRequest("a", 16, 2, 0.0)], options=SimOptions(api_server_serial=True, **api))
+    done = alone.requests[0].finished_time
+    pair = [SimRequest("a", 16, 2, 0.0), SimRequest("b", 16, 2, done)]
+    serial = {r.request_id: r for r in simulate(config, _copy(pair), options=SimOptions(api_server_serial=True,
+                                                                                         **api)).requests}
+    apart = {r.request_id: r for r in simulate(config, _copy(pair), options=SimOptions(api_server_serial=False,
+                                                                                        **api)).requests}
+    # b arrives as a's last token is made: one server process first ends a's response (20 ms, the other half of
+    # the fixed cost), then admits b (20 ms). A server per request admits b in its own 20 ms.
+    assert serial["b"].queued_time == pytest.approx(done + 40e-3)
+    assert apart["b"].queued_time == pytest.approx(done + 20e-3)
+
+
 def test_a_server_slower_than_the_engine_at_streaming_makes_clients_see_tokens_late():
     config = EngineConfig(max_model_len=4096)
     requests = [SimRequest(f"r{i}", 64, 100, 0.0) for i in range(8)]
@@ -210,9 +227,9 @@ def test_stream_lag_is_the_same_with_and_without_event_skipping(per_token, per_e
     stepped = simulate(config, _copy(requests), options=options, skip=False)
     for a, b in zip(skipped.requests, stepped.requests):
         assert a.queued_time == pytest.approx(b.queued_time, rel=1e-9, abs=1e-9)
-        # A run of skipped steps gives each step the run's mean duration: exact for per-token work, within a
-        # thousandth for events, whose count depends on each step's length against the lag.
-        tolerance = 1e-6 if not per_event else 1e-3
+        # A run of skipped steps gives each step the run's mean duration: exact for per-token work, within half
+        # a percent for events, whose count depends on each step's length against the lag.
+        tolerance = 1e-6 if not per_event else 5e-3
         assert a.stream_lag_first == pytest.approx(b.stream_lag_first, rel=tolerance, abs=1e-9)
         assert a.stream_lag_last == pytest.approx(b.stream_lag_last, rel=tolerance, abs=1e-9)
 
