@@ -875,7 +875,6 @@ class EngineCore:
         step = (end - start) / steps
         token_work = tokens / steps * self._stream_cost
         event = self._stream_event
-        work = token_work
         for _ in range(steps):
             self._stream_drain(step)
             backlog = self._stream_backlog
@@ -893,12 +892,16 @@ class EngineCore:
         the engine runs at (1 − share) of its speed. The server's work is what waits at the step's start (this
         step's tokens come at its end): d' = d + share · min(waiting, d')."""
         share = self._stream_share
-        self._stream_drain(start - self._stream_clock)
-        self._stream_clock = max(self._stream_clock, start)
+        self._stream_advance(start)
         waiting = self._stream_backlog + self._admit_backlog
         if waiting * (1.0 - share) >= duration:
             return duration / (1.0 - share)
         return duration + share * waiting
+
+    def _stream_advance(self, when: float) -> None:
+        """The server's work done up to ``when`` (nothing if the server's clock is already past it)."""
+        self._stream_drain(when - self._stream_clock)
+        self._stream_clock = max(self._stream_clock, when)
 
     def _stream_drain(self, elapsed: float) -> None:
         """``elapsed`` seconds of the server's work: shared equally while both classes wait, else all to one."""
@@ -926,8 +929,7 @@ class EngineCore:
         streams. Returns when the request reaches the engine core. A request arriving during a step already
         simulated competes with the tokens before that step's, which the server gets at the step's end."""
         if arrival >= self._stream_clock:
-            self._stream_drain(arrival - self._stream_clock)
-            self._stream_clock = arrival
+            self._stream_advance(arrival)
             tokens = self._stream_backlog
         else:
             tokens = max(0.0, self._stream_backlog - self._stream_last_work)
@@ -939,9 +941,7 @@ class EngineCore:
         """A finished request's API work after its last token (``work`` seconds: the response's end, the request's
         teardown) on the one API-server process (SimOptions.api_server_serial): load on the server like an
         admission's, which the requests it admits next and the engine's steps beside it share."""
-        if when > self._stream_clock:
-            self._stream_drain(when - self._stream_clock)
-            self._stream_clock = when
+        self._stream_advance(when)
         self._admit_backlog += work
 
     # ------------------------------------------------------------------ runs of decode steps
