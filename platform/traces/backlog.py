@@ -98,21 +98,34 @@ class DecompositionBacklog:
 
     def add_recovered(self, project_id: int, traces: list[tuple[str, int]], slice_traces: int = 5000) -> int:
         """Traces stored before a restart and not decomposed since, as (trace id, first ingested_at ms),
-        in slices ordered by that time, so the checkpoint moves as each slice is done."""
+        in slices ordered by that time, so the checkpoint moves as each slice is done.
+
+        They go before whatever waits already (what the writer stored since the start, from the spool the
+        last process left, is newer): the oldest work first, so the checkpoint moves past the last process's
+        leftovers as soon as they are done, not only once the new backlog is done too. A trace already
+        waiting keeps its place."""
         traces = sorted(traces, key=lambda t: (t[1], t[0]))
         added = 0
         with self._lock:
+            slices: list[tuple[WrittenBatch, list[tuple[int, str]]]] = []
             for start in range(0, len(traces), slice_traces):
                 part = traces[start : start + slice_traces]
                 self._seq += 1
                 batch = WrittenBatch(self._seq, part[0][1], 0, [])
+                keys = []
                 for trace_id, _ in part:
                     key = (project_id, trace_id)
                     if key not in self._waiting:
                         self._waiting[key] = batch.seq
                         batch.waiting += 1
-                        added += 1
-                self._append(batch)
+                        keys.append(key)
+                added += batch.waiting
+                slices.append((batch, keys))
+            for batch, keys in reversed(slices):
+                for key in reversed(keys):
+                    self._waiting.move_to_end(key, last=False)
+                self._batches.appendleft(batch)
+                self._by_seq[batch.seq] = batch
         return added
 
     def _append(self, batch: WrittenBatch) -> None:

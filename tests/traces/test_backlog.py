@@ -115,6 +115,21 @@ def test_recovered_traces_come_in_slices_ordered_by_their_first_write():
     assert backlog.oldest() == (3000, None)
 
 
+def test_recovered_traces_go_before_what_was_written_since_the_start():
+    """After a restart the writer may store the spool's leftovers before the recovery has read: the older,
+    recovered traces are still decomposed first, so the checkpoint moves past them at once."""
+    backlog = DecompositionBacklog(max_traces=100)
+    backlog.add_written([(record(["new", "both"]), None)], written_ms=9000)
+    added = backlog.add_recovered(PROJECT, [("old2", 2000), ("both", 2500), ("old1", 1000)], slice_traces=1)
+    assert added == 2  # "both" waits already, in its place
+    assert backlog.oldest() == (1000, None)
+    chunk = backlog.take(2)
+    assert taken(chunk) == ["old1", "old2"]
+    assert [b.written_ms for b in backlog.done(chunk)] == [1000, 2000, 2500]  # the slice of "both" is empty
+    assert backlog.oldest() == (9000, 100.0)
+    assert taken(backlog.take(10)) == ["new", "both"]
+
+
 # -- the builder's chunks, checkpoint and resume, on a real store ------------------------------------------
 @pytest.fixture
 def store(make_store):
