@@ -288,11 +288,20 @@ def run_real(point: GridPoint, config: EngineConfig, executable: str, workdir: P
                       mean_ms("vllm:request_prefill_time_seconds"), mean_ms("vllm:request_decode_time_seconds"))
 
 
-def mean_figures(runs: list[RunFigures]) -> RunFigures:
-    """The mean of each figure over repeated real runs of one configuration."""
+def _median(values: list[float]) -> float:
+    values = sorted(values)
+    middle = len(values) // 2
+    return values[middle] if len(values) % 2 else (values[middle - 1] + values[middle]) / 2
+
+
+def mean_figures(runs: list[RunFigures], how: str = "mean") -> RunFigures:
+    """Each figure over repeated real runs of one configuration: their mean, or (``how="median"``) their median,
+    which one disturbed run (this machine's other work) does not move. With two runs both are the same."""
     def mean(values) -> float:
         values = [v for v in values if math.isfinite(v)]
-        return sum(values) / len(values) if values else math.nan
+        if not values:
+            return math.nan
+        return _median(values) if how == "median" else sum(values) / len(values)
 
     def stats(read) -> LatencyStats:
         parts = [read(r) for r in runs]
@@ -428,16 +437,23 @@ def fit_cpu_profile(measured: dict[str, RunFigures], model: str, generations: in
     return profile_of(best.x)
 
 
-def load_measured(path: str) -> dict[str, RunFigures]:
+def _figures_from_dict(real: dict) -> RunFigures:
+    return RunFigures(LatencyStats(**real["ttft_ms"]), LatencyStats(**real["tpot_ms"]),
+                      real["output_throughput"], real["mean_queue_ms"], real["preemptions"],
+                      real.get("failed", 0), real.get("mean_prefill_ms", math.nan),
+                      real.get("mean_decode_ms", math.nan))
+
+
+def load_measured(path: str, how: str = "mean") -> tuple[dict[str, RunFigures], dict[str, dict[str, float]]]:
+    """The real figures of an earlier --json file, and their run-to-run spread. Files that keep every run
+    (``real_runs``) are aggregated again as ``how`` says; older ones give their stored mean."""
     data = json.loads(Path(path).read_text(encoding="utf-8"))
-    out = {}
+    out, noise = {}, {}
     for name, entry in data.items():
-        real = entry["real"]
-        out[name] = RunFigures(LatencyStats(**real["ttft_ms"]), LatencyStats(**real["tpot_ms"]),
-                               real["output_throughput"], real["mean_queue_ms"], real["preemptions"],
-                               real.get("failed", 0), real.get("mean_prefill_ms", math.nan),
-                               real.get("mean_decode_ms", math.nan))
-    return out
+        runs = [_figures_from_dict(run) for run in entry.get("real_runs", [])]
+        out[name] = mean_figures(runs, how) if runs else _figures_from_dict(entry["real"])
+        noise[name] = spread_pct(runs) if len(runs) > 1 else dict(entry.get("real_spread_pct", {}))
+    return out, noise
 
 
 def heldout_errors(points: Sequence[GridPoint], measured: dict[str, RunFigures], model: str,
@@ -478,8 +494,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="take the real figures from a --json file of an earlier run instead of running vLLM")
     parser.add_argument("--port", type=int, default=8871)
     parser.add_argument("--repeat", type=int, default=2,
-                        help="real runs per configuration (default 2): the figures are their mean, and their spread "
-                             "is printed as the machine's run-to-run noise")
+                        help="real runs per configuration (default 2): the figures are their mean (or median), and "
+                             "their spread is printed as the machine's run-to-run noise")
+    parser.add_argument("--aggregate", choices=("mean", "median"), default="mean",
+                        help="how repeated real runs make one figure (default mean; median with --repeat 3 or more "
+                             "is not moved by one disturbed run); --measured files that keep every run are "
+                             "aggregated again")
     args = parser.parse_args(argv)
     executable = find_vllm_executable()
     if executable is None and not args.measured:
@@ -496,16 +516,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not args.measured:
             points = [p for p in points if p.role == "fit"]  # measure what the fit needs (then compare those)
     workdir = Path(tempfile.mkdtemp(prefix="vllm-cpu-bench-"))
-    measured: dict[str, RunFigures] = load_measured(args.measured) if args.measured else {}
+    measured, noise = load_measured(args.measured, args.aggregate) if args.measured else ({}, {})
     points = [p for p in points if not args.measured or p.name in measured]
-    noise: dict[str, dict[str, float]] = {}
+    every_run: dict[str, list[RunFigures]] = {}
     for point in points:
         if point.name in measured:
             continue
         config = config_for(point, model)
         started = time.monotonic()
         runs = [run_real(point, config, executable, workdir, args.port) for _ in range(max(1, args.repeat))]
-        measured[point.name] = mean_figures(runs)
+        every_run[point.name] = runs
+        measured[point.name] = mean_figures(runs, args.aggregate)
         noise[point.name] = spread_pct(runs)
         print(f"# measured {point.name} ({point.role}: {point.what}) {len(runs)}x in {time.monotonic() - started:.0f} s"
               + (" (run-to-run spread: " + ", ".join(f"{k} {v:.0f}%" for k, v in noise[point.name].items()) + ")"
@@ -550,6 +571,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         report[point.name] = {"role": point.role, "what": point.what, "knobs": point.knobs,
                               "real": real.to_dict(), "simulated": simulated.to_dict(),
                               "real_spread_pct": noise.get(point.name, {}),
+                              **({"real_runs": [run.to_dict() for run in every_run[point.name]]}
+                                 if point.name in every_run else {}),
                               "errors_pct": {name: row[2] for name, row in rows.items()}}
         for name in GATED:
             print(f"BENCH vllm_cpu_{point.name.replace('-', '_')}_{name}_error_pct={_fmt(rows[name][2])} %"

@@ -3,6 +3,8 @@ and held-out configurations never enter it. The "measurements" here come from th
 constants, so the right answer is known."""
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from engine.bench import vllm_cpu
@@ -35,3 +37,29 @@ def test_the_fit_recovers_known_constants_and_ignores_held_out_points(study_mode
     assert fitted.api_event_overhead == pytest.approx(4e-4, rel=0.25)
     for name, value in fixed.items():
         assert getattr(fitted, name) == value
+
+
+def _run(ttft_p50: float, throughput: float) -> vllm_cpu.RunFigures:
+    stats = vllm_cpu.LatencyStats(ttft_p50, ttft_p50, ttft_p50, ttft_p50, 10)
+    return vllm_cpu.RunFigures(stats, stats, throughput, 1.0, 0)
+
+
+def test_repeated_runs_aggregate_by_median_and_a_file_keeping_every_run_is_aggregated_again(tmp_path):
+    # One disturbed run of three: the mean follows it, the median does not.
+    runs = [_run(10.0, 100.0), _run(11.0, 98.0), _run(40.0, 50.0)]
+    assert vllm_cpu.mean_figures(runs).ttft_ms.p50 == pytest.approx(20.333, rel=1e-3)
+    median = vllm_cpu.mean_figures(runs, "median")
+    assert (median.ttft_ms.p50, median.output_throughput) == (11.0, 98.0)
+    assert vllm_cpu.mean_figures(runs[:2], "median").ttft_ms.p50 == vllm_cpu.mean_figures(runs[:2]).ttft_ms.p50
+    # A --json file keeps every run beside their mean; --measured aggregates them again as asked.
+    path = tmp_path / "grid.json"
+    path.write_text(json.dumps({
+        "seqs-4": {"role": "held-out", "real": vllm_cpu.mean_figures(runs).to_dict(),
+                   "real_runs": [run.to_dict() for run in runs]},
+        "old-file": {"role": "held-out", "real": _run(7.0, 70.0).to_dict(), "real_spread_pct": {"ttft_p50_ms": 12.0}},
+    }))
+    measured, noise = vllm_cpu.load_measured(str(path), "median")
+    assert measured["seqs-4"].ttft_ms.p50 == 11.0
+    assert noise["seqs-4"]["ttft_p50_ms"] == pytest.approx((40 - 10) / (61 / 3) * 100)
+    assert measured["old-file"].ttft_ms.p50 == 7.0 and noise["old-file"] == {"ttft_p50_ms": 12.0}
+    assert vllm_cpu.load_measured(str(path))[0]["seqs-4"].ttft_ms.p50 == pytest.approx(20.333, rel=1e-3)
