@@ -157,7 +157,7 @@ bench: $(INSTALLED)
 
 bench-vllm: $(INSTALLED) $(VLLM_INSTALLED) tiny-models
 	$(VENV_PYTHON) -m observatory.bench.vllm
-	$(VENV_PYTHON) -m engine.bench.vllm_cpu --fit --json .data/vllm-cpu-grid.json
+	$(VENV_PYTHON) -m engine.bench.vllm_cpu --fit --repeat 3 --aggregate median --json .data/vllm-cpu-grid.json
 
 lint: $(INSTALLED)
 	$(VENV)/bin/ruff check .
