@@ -36,6 +36,7 @@ import math
 import os
 import random
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -288,30 +289,24 @@ def run_real(point: GridPoint, config: EngineConfig, executable: str, workdir: P
                       mean_ms("vllm:request_prefill_time_seconds"), mean_ms("vllm:request_decode_time_seconds"))
 
 
-def _median(values: list[float]) -> float:
-    values = sorted(values)
-    middle = len(values) // 2
-    return values[middle] if len(values) % 2 else (values[middle - 1] + values[middle]) / 2
-
-
-def mean_figures(runs: list[RunFigures], how: str = "mean") -> RunFigures:
+def aggregate_runs(runs: list[RunFigures], how: str = "mean") -> RunFigures:
     """Each figure over repeated real runs of one configuration: their mean, or (``how="median"``) their median,
     which one disturbed run (this machine's other work) does not move. With two runs both are the same."""
-    def mean(values) -> float:
+    def combine(values) -> float:
         values = [v for v in values if math.isfinite(v)]
         if not values:
             return math.nan
-        return _median(values) if how == "median" else sum(values) / len(values)
+        return statistics.median(values) if how == "median" else statistics.fmean(values)
 
     def stats(read) -> LatencyStats:
         parts = [read(r) for r in runs]
-        return LatencyStats(mean([p.mean for p in parts]), mean([p.p50 for p in parts]), mean([p.p90 for p in parts]),
-                            mean([p.p99 for p in parts]), sum(p.count for p in parts))
+        return LatencyStats(*(combine([getattr(p, q) for p in parts]) for q in ("mean", "p50", "p90", "p99")),
+                            sum(p.count for p in parts))
 
     return RunFigures(stats(lambda r: r.ttft_ms), stats(lambda r: r.tpot_ms),
-                      mean([r.output_throughput for r in runs]), mean([r.mean_queue_ms for r in runs]),
-                      round(mean([r.preemptions for r in runs])), sum(r.failed for r in runs),
-                      mean([r.mean_prefill_ms for r in runs]), mean([r.mean_decode_ms for r in runs]))
+                      combine([r.output_throughput for r in runs]), combine([r.mean_queue_ms for r in runs]),
+                      round(combine([r.preemptions for r in runs])), sum(r.failed for r in runs),
+                      combine([r.mean_prefill_ms for r in runs]), combine([r.mean_decode_ms for r in runs]))
 
 
 def spread_pct(runs: list[RunFigures]) -> dict[str, float]:
@@ -451,7 +446,7 @@ def load_measured(path: str, how: str = "mean") -> tuple[dict[str, RunFigures], 
     out, noise = {}, {}
     for name, entry in data.items():
         runs = [_figures_from_dict(run) for run in entry.get("real_runs", [])]
-        out[name] = mean_figures(runs, how) if runs else _figures_from_dict(entry["real"])
+        out[name] = aggregate_runs(runs, how) if runs else _figures_from_dict(entry["real"])
         noise[name] = spread_pct(runs) if len(runs) > 1 else dict(entry.get("real_spread_pct", {}))
     return out, noise
 
@@ -526,7 +521,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         started = time.monotonic()
         runs = [run_real(point, config, executable, workdir, args.port) for _ in range(max(1, args.repeat))]
         every_run[point.name] = runs
-        measured[point.name] = mean_figures(runs, args.aggregate)
+        measured[point.name] = aggregate_runs(runs, args.aggregate)
         noise[point.name] = spread_pct(runs)
         print(f"# measured {point.name} ({point.role}: {point.what}) {len(runs)}x in {time.monotonic() - started:.0f} s"
               + (" (run-to-run spread: " + ", ".join(f"{k} {v:.0f}%" for k, v in noise[point.name].items()) + ")"

@@ -124,12 +124,11 @@ class DecompositionBacklog:
             for batch, keys in reversed(slices):
                 for key in reversed(keys):
                     self._waiting.move_to_end(key, last=False)
-                self._batches.appendleft(batch)
-                self._by_seq[batch.seq] = batch
+                self._append(batch, front=True)
         return added
 
-    def _append(self, batch: WrittenBatch) -> None:
-        self._batches.append(batch)
+    def _append(self, batch: WrittenBatch, front: bool = False) -> None:
+        (self._batches.appendleft if front else self._batches.append)(batch)
         self._by_seq[batch.seq] = batch
         self._bytes += batch.bytes
 

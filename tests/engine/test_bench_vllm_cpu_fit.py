@@ -47,14 +47,14 @@ def _run(ttft_p50: float, throughput: float) -> vllm_cpu.RunFigures:
 def test_repeated_runs_aggregate_by_median_and_a_file_keeping_every_run_is_aggregated_again(tmp_path):
     # One disturbed run of three: the mean follows it, the median does not.
     runs = [_run(10.0, 100.0), _run(11.0, 98.0), _run(40.0, 50.0)]
-    assert vllm_cpu.mean_figures(runs).ttft_ms.p50 == pytest.approx(20.333, rel=1e-3)
-    median = vllm_cpu.mean_figures(runs, "median")
+    assert vllm_cpu.aggregate_runs(runs).ttft_ms.p50 == pytest.approx(20.333, rel=1e-3)
+    median = vllm_cpu.aggregate_runs(runs, "median")
     assert (median.ttft_ms.p50, median.output_throughput) == (11.0, 98.0)
-    assert vllm_cpu.mean_figures(runs[:2], "median").ttft_ms.p50 == vllm_cpu.mean_figures(runs[:2]).ttft_ms.p50
+    assert vllm_cpu.aggregate_runs(runs[:2], "median").ttft_ms.p50 == vllm_cpu.aggregate_runs(runs[:2]).ttft_ms.p50
     # A --json file keeps every run beside their mean; --measured aggregates them again as asked.
     path = tmp_path / "grid.json"
     path.write_text(json.dumps({
-        "seqs-4": {"role": "held-out", "real": vllm_cpu.mean_figures(runs).to_dict(),
+        "seqs-4": {"role": "held-out", "real": vllm_cpu.aggregate_runs(runs).to_dict(),
                    "real_runs": [run.to_dict() for run in runs]},
         "old-file": {"role": "held-out", "real": _run(7.0, 70.0).to_dict(), "real_spread_pct": {"ttft_p50_ms": 12.0}},
     }))

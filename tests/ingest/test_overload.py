@@ -33,10 +33,6 @@ SMALL_BOUNDS = {
 CRASH_SIGNS = ("Traceback", "Segmentation", "global_context->shutdown", "has been closed", "Fatal Python error")
 
 
-def whole_log(platform: PlatformProcess) -> str:
-    return platform.log_path.read_text(errors="replace") if platform.log_path.exists() else ""
-
-
 def started(platform: PlatformProcess, timeout: float = 120) -> PlatformProcess:
     platform.start(timeout=timeout)
     return platform
@@ -94,7 +90,7 @@ def test_sigterm_at_a_large_backlog_exits_cleanly_every_time_and_resumes(tmp_pat
         # Every other run leaves the decomposition idle between cycles (a long interval), so the backlog is
         # as large as the bounds allow when the signal comes; the shutdown's drain then decomposes chunks.
         platform.env["INGEST_DECOMPOSE_INTERVAL_SECONDS"] = "3600" if cycle % 2 else "0.5"
-        starts.append(len(whole_log(platform)))
+        starts.append(len(platform.log_tail(None)))
         started(platform)
         senders = Senders(platform.port, key, senders=4, retry_delay=0.1).start()
         time.sleep(4)
@@ -115,13 +111,13 @@ def test_sigterm_at_a_large_backlog_exits_cleanly_every_time_and_resumes(tmp_pat
         acked.extend(senders.acked)
         per_cycle.append((len(senders.acked), len(acked)))
     platform.env["INGEST_DECOMPOSE_INTERVAL_SECONDS"] = "0.5"
-    starts.append(len(whole_log(platform)))
+    starts.append(len(platform.log_tail(None)))
     started(platform)
     try:
         platform.wait_idle(300)
     finally:
         platform.stop(cleanup=False)
-    log = whole_log(platform)
+    log = platform.log_tail(None)
     # What each restart (the processes after the first) rebuilt; none when the last stop left nothing undone
     # and nothing was stored in the checkpoint's margin (a shutdown whose drain finished while refusing).
     rebuilt = []

@@ -100,11 +100,13 @@ class PlatformProcess:
             time.sleep(0.1)
         raise RuntimeError(f"platform did not become ready: {self.log_tail()}")
 
-    def log_tail(self, chars: int = 4000) -> str:
+    def log_tail(self, chars: int | None = 4000) -> str:
+        """The log's last `chars` characters (None: all of it, across restarts)."""
         try:
-            return self.log_path.read_text(errors="replace")[-chars:]
+            text = self.log_path.read_text(errors="replace")
         except FileNotFoundError:
             return ""
+        return text if chars is None else text[-chars:]
 
     def post(self, path: str, body: bytes, headers: dict) -> tuple[int, dict, bytes]:
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
