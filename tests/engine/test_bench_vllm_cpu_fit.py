@@ -63,3 +63,32 @@ def test_repeated_runs_aggregate_by_median_and_a_file_keeping_every_run_is_aggre
     assert noise["seqs-4"]["ttft_p50_ms"] == pytest.approx((40 - 10) / (61 / 3) * 100)
     assert measured["old-file"].ttft_ms.p50 == 7.0 and noise["old-file"] == {"ttft_p50_ms": 12.0}
     assert vllm_cpu.load_measured(str(path))[0]["seqs-4"].ttft_ms.p50 == pytest.approx(20.333, rel=1e-3)
+
+
+def test_real_vllm_against_itself_is_each_run_against_the_others_and_the_bench_prints_it(tmp_path, capsys):
+    # TTFT: runs 10, 11, 40 -> 10 vs median(11, 40) = 25.5 (-61 %), 11 vs 25 (-56 %), 40 vs 10.5 (+281 %).
+    # Throughput: 100, 98, 95 -> worst 95 vs 99 (-4 %): reproduced within 20 %.
+    runs = [_run(10.0, 100.0), _run(11.0, 98.0), _run(40.0, 95.0)]
+    agreement = vllm_cpu.self_agreement_pct(runs, "median")
+    assert agreement["ttft_p50_ms"] == pytest.approx((40 - 10.5) / 10.5 * 100)
+    assert agreement["throughput_tok_s"] == pytest.approx(4 / 99 * 100)
+    assert vllm_cpu.self_agreement_pct(runs[:1]) == {}
+    # Through the bench, from a file that keeps every run (no vLLM, no fit: the committed profile compares).
+    steady = [_run(30.0, 240.0), _run(31.0, 236.0), _run(29.5, 242.0)]
+    path = tmp_path / "grid.json"
+    path.write_text(json.dumps({
+        name: {"role": "held-out", "real": vllm_cpu.aggregate_runs(r).to_dict(), "real_runs": [x.to_dict() for x in r]}
+        for name, r in (("seqs-4", runs), ("seqs-64-burst", steady))}))
+    model = tmp_path / "model"
+    assert main(["tiny-model", str(model), "--size", "test"]) == 0
+    out_json = tmp_path / "again.json"
+    assert vllm_cpu.main(["--measured", str(path), "--aggregate", "median", "--model", str(model),
+                          "--json", str(out_json)]) == 0
+    out = capsys.readouterr().out
+    assert "# real vLLM does not reproduce itself within 20 % on seqs-4: ttft_p50_ms 281%" in out
+    assert "seqs-64-burst:" not in out
+    # seqs-4: TTFT and TPOT (the same figures in _run) miss, throughput holds; seqs-64-burst: all three hold.
+    assert "BENCH vllm_cpu_real_vs_itself_heldout_within_20pct=4/6 figures" in out
+    again = json.loads(out_json.read_text())
+    assert len(again["seqs-4"]["real_runs"]) == 3  # the runs are kept when a file is compared again
+    assert again["seqs-64-burst"]["real_self_agreement_pct"]["ttft_p50_ms"] < 20
