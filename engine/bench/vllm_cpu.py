@@ -324,8 +324,9 @@ def spread_pct(runs: list[RunFigures]) -> dict[str, float]:
 def self_agreement_pct(runs: list[RunFigures], how: str = "mean") -> dict[str, float]:
     """How well real vLLM predicts itself: for each gated figure, the largest error (%) of one run against the
     aggregate (``how``) of the others. A figure whose runs are all within 20 % of the rest is one this host
-    reproduces to the issue's tolerance; one that is not cannot be matched to it by any simulator, however good.
-    Needs three runs or more (with two, each run is simply compared with the other)."""
+    reproduces to the issue's tolerance. One that is not moves by more than the tolerance from one set of runs to
+    the next by itself, so a simulator's error on it says as much about the host as about the model. Meant for
+    three runs or more (with two, each run is simply compared with the other)."""
     out = {}
     if len(runs) < 2:
         return out
