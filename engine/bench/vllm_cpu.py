@@ -330,12 +330,12 @@ def self_agreement_pct(runs: list[RunFigures], how: str = "mean") -> dict[str, f
     out = {}
     if len(runs) < 2:
         return out
+    pairs = [(run, aggregate_runs(runs[:i] + runs[i + 1:], how)) for i, run in enumerate(runs)]
     for name, read in METRICS:
         if name not in GATED:
             continue
         worst = 0.0
-        for i, run in enumerate(runs):
-            rest = aggregate_runs(runs[:i] + runs[i + 1:], how)
+        for run, rest in pairs:
             error = error_pct(read(run), read(rest))
             if not math.isfinite(error):
                 break
@@ -466,7 +466,10 @@ def _figures_from_dict(real: dict) -> RunFigures:
 def load_runs(path: str) -> dict[str, list[RunFigures]]:
     """Every real run an earlier --json file keeps (``real_runs``), by configuration; empty lists for older files,
     which kept only their mean."""
-    data = json.loads(Path(path).read_text(encoding="utf-8"))
+    return _runs_of(json.loads(Path(path).read_text(encoding="utf-8")))
+
+
+def _runs_of(data: dict) -> dict[str, list[RunFigures]]:
     return {name: [_figures_from_dict(run) for run in entry.get("real_runs", [])] for name, entry in data.items()}
 
 
@@ -475,7 +478,7 @@ def load_measured(path: str, how: str = "mean") -> tuple[dict[str, RunFigures], 
     (``real_runs``) are aggregated again as ``how`` says; older ones give their stored mean."""
     data = json.loads(Path(path).read_text(encoding="utf-8"))
     out, noise = {}, {}
-    for name, runs in load_runs(path).items():
+    for name, runs in _runs_of(data).items():
         entry = data[name]
         out[name] = aggregate_runs(runs, how) if runs else _figures_from_dict(entry["real"])
         noise[name] = spread_pct(runs) if len(runs) > 1 else dict(entry.get("real_spread_pct", {}))
