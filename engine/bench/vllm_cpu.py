@@ -122,6 +122,14 @@ GRID: tuple[GridPoint, ...] = (
               {"max_num_seqs": 32, "max_model_len": 512, "kv_cache_memory_bytes": 3 * 1024 * 1024,
                "enable_prefix_caching": False},
               Workload(48, None, (100, 200), (96, 160), seed=8), "a 768-token KV cache under a burst: preemption"),
+    # Added 2026-11-27 (seventh host): the fit's answers are at most 64 tokens, and a tuning study's chat replay on
+    # real vLLM (ShareGPT-like answers, ~200 tokens) fell short of the capacity the simulator predicted. These two
+    # check long decodes (contexts growing to ~750 tokens) at the tuning winner's knobs: under a steady arrival
+    # rate (about 10 running), and as one full batch of 64 (the capacity a replay near saturation needs).
+    GridPoint("long-answers", "held-out", {"max_num_seqs": 64, "max_num_batched_tokens": 2048},
+              Workload(80, 4.0, (64, 512), (150, 250), seed=10), "Poisson 4 req/s, answers of 150-250 tokens"),
+    GridPoint("long-answers-burst", "held-out", {"max_num_seqs": 64, "max_num_batched_tokens": 2048},
+              Workload(64, None, (64, 512), (150, 250), seed=11), "64 at once, all running: long decodes, full batch"),
 )
 
 
