@@ -92,3 +92,18 @@ def test_real_vllm_against_itself_is_each_run_against_the_others_and_the_bench_p
     again = json.loads(out_json.read_text())
     assert len(again["seqs-4"]["real_runs"]) == 3  # the runs are kept when a file is compared again
     assert again["seqs-64-burst"]["real_self_agreement_pct"]["ttft_p50_ms"] < 20
+
+
+def test_every_grid_configuration_is_one_vllm_accepts_and_its_requests_fit_the_context(study_model):
+    # A configuration vLLM refuses, or a request longer than the context, would only show in the middle of a
+    # 30-minute `make bench-vllm`, as a server that never starts or requests it rejects.
+    names = [p.name for p in vllm_cpu.GRID]
+    assert len(names) == len(set(names))
+    assert {p.role for p in vllm_cpu.GRID} == {"fit", "held-out"}
+    for point in vllm_cpu.GRID:
+        config = vllm_cpu.config_for(point, study_model).resolved()
+        assert config.problems() == [], point.name
+        longest = max(len(prompt) + output for _, prompt, output in point.workload.requests())
+        assert longest <= config.max_model_len, point.name
+        assert all(vllm_cpu.VOCAB_LOW <= token < vllm_cpu.VOCAB_HIGH
+                   for _, prompt, _ in point.workload.requests() for token in prompt), point.name
