@@ -17,7 +17,9 @@ def test_priority_requests_jump_the_queue():
                              {"prompt": name, "max_tokens": max_tokens, "ignore_eos": True, "priority": priority})
 
     try:
-        blocker = threading.Thread(target=client, args=("blocker", 0, 40))
+        # Long enough (~2.5 s) that the blocker still runs while the other two queue behind it, even when the
+        # metric polls are slow on a loaded host (40 tokens, ~0.3 s, finished first in one CI run).
+        blocker = threading.Thread(target=client, args=("blocker", 0, 400))
         blocker.start()
         assert wait_until(lambda: metric(replica.url, "vllm:num_requests_running") == 1, timeout=3)
         low = threading.Thread(target=client, args=("low", 5, 2))
