@@ -80,16 +80,18 @@ class InProcessWorker:
         from observatory.leases import SHUTTING_DOWN
 
         SHUTTING_DOWN.set()  # running regression runs stop sending and are resumed after a restart
-        if self.beat is not None:
-            self.beat.stop()
-            self.beat = None
         if self.worker is not None:
-            # Asked, not forced: the consumer loop sees the flag at its next turn (within a second) and shuts the
-            # worker down in its own thread. Stopping it from this thread closed the broker connection under the
-            # loop's read ("I/O operation on closed file", a CRITICAL traceback at every shutdown with Redis).
+            # Asked, not forced: the consumer loop sees the flag at its next turn (within the 2 s its polling read
+            # of the filesystem broker waits; a second with Redis) and shuts the worker down in its own thread.
+            # Stopping it from this thread closed the broker connection under the loop's read ("I/O operation on
+            # closed file", a CRITICAL traceback at every shutdown with Redis). Asked first, so that it winds down
+            # while beat stops (beat sleeps up to a second between ticks).
             from celery.worker import state
 
             state.should_stop = 0
+        if self.beat is not None:
+            self.beat.stop()
+            self.beat = None
         if self._thread is not None:
             self._thread.join(timeout=10)
             if self._thread.is_alive() and self.worker is not None:

@@ -15,8 +15,10 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
+import socket
 import uuid
-from time import monotonic
+from queue import Empty
+from time import monotonic, sleep
 
 from kombu.exceptions import ChannelError
 from kombu.transport import filesystem
@@ -91,3 +93,28 @@ class Channel(filesystem.Channel):
 
 class Transport(filesystem.Transport):
     Channel = Channel
+    # kombu looks in the folder once a second: a fifth of that takes a task in ~0.1 s rather than ~0.5 s on
+    # average, for a few directory listings a second.
+    polling_interval = 0.2
+
+    def drain_events(self, connection, timeout=None):
+        """kombu's loop, which waits out its whole timeout (the worker asks for 2 s) however soon the worker was
+        told to stop; this one returns at its next look once it is (a platform's shutdown spent 2 of its 3 s
+        here)."""
+        started = monotonic()
+        interval = min(self.polling_interval, timeout) if timeout else self.polling_interval
+        while True:
+            try:
+                self.cycle.get(self._deliver, timeout=timeout)
+                return
+            except Empty:
+                if (timeout is not None and monotonic() - started >= timeout) or _worker_told_to_stop():
+                    raise socket.timeout() from None
+                sleep(interval)
+
+
+def _worker_told_to_stop() -> bool:
+    from celery.worker import state
+
+    # As celery's own check: 0 (an exit code) asks too, so not a truthiness test.
+    return any(flag is not None and flag is not False for flag in (state.should_stop, state.should_terminate))

@@ -75,3 +75,33 @@ def test_an_undecodable_message_file_is_dropped_and_the_next_one_delivered(tmp_p
         message = conn.SimpleQueue(queue).get(timeout=5)
         assert message.payload == {"ok": 1}
     assert "dropped an undecodable message file of queue jobs" in caplog.text
+
+
+def test_a_waiting_consumer_returns_soon_after_the_worker_is_told_to_stop(tmp_path, monkeypatch):
+    """The worker's loop waits in drain_events (2 s at a time); kombu's own transport waits that out, this one
+    returns at its next look once Celery's stop flag is set (0, an exit code, counts), so a platform stops in about
+    a second rather than three. With no flag it waits its whole timeout, and delivers what arrives meanwhile."""
+    from celery.worker import state
+
+    folder = str(tmp_path)
+    queue = Queue("jobs", Exchange("jobs", type="direct"), routing_key="jobs")
+    got = []
+    with connection(folder) as conn, conn.Consumer(queue, callbacks=[lambda body, message: got.append(body)]):
+        started = time.monotonic()
+        try:
+            conn.drain_events(timeout=0.6)
+        except TimeoutError:
+            pass
+        assert time.monotonic() - started >= 0.6 and got == []
+        with connection(folder) as other:
+            other.Producer().publish({"n": 1}, exchange=queue.exchange, routing_key="jobs", declare=[queue])
+        conn.drain_events(timeout=30)
+        assert got == [{"n": 1}]
+        monkeypatch.setattr(state, "should_stop", None)
+        threading.Timer(0.3, lambda: setattr(state, "should_stop", 0)).start()
+        started = time.monotonic()
+        try:
+            conn.drain_events(timeout=30)
+        except TimeoutError:
+            pass
+        assert time.monotonic() - started < 10, "drain_events waited out its timeout after the stop flag was set"
