@@ -303,6 +303,10 @@ TUNING = {
     # The confirmation replay's highest rate (requests/s): real-time simulated replicas share this host's CPUs.
     "CONFIRM_MAX_RATE": envfloat("TUNING_CONFIRM_MAX_RATE", 20.0),
     "CONFIRM_ITEMS": envint("TUNING_CONFIRM_ITEMS", 200),
+    # Where the winner misses the SLOs at its predicted goodput, it is replayed again at these shares of it, in
+    # turn, until it meets them: the confirmed goodput is the highest rate at which it did.
+    "CONFIRM_RATE_STEPS": tuple(float(x) for x in (env("TUNING_CONFIRM_RATE_STEPS") or "1,0.8,0.6").split(",")
+                                if x.strip()),
     # Simulated requests per rate a goodput search replays (more: steadier figures, slower trials).
     "SIM_REQUESTS": envint("TUNING_SIM_REQUESTS", 400),
     # Robust re-scoring: the best distinct candidates (and the current config) re-scored over this many seeds.

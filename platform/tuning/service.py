@@ -12,7 +12,9 @@ random token every write is conditional on, kept fresh by a heartbeat thread). P
    started for the run on the group's backend (``target_config``/``baseline_config``: real-time
    simulated replicas, or real `vllm serve` processes replayed in turn for a real-vLLM group), on
    items with the workload's lengths at the winner's predicted goodput (capped by
-   ``CONFIRM_MAX_RATE``); SLO attainment is measured per arm from the decomposed rows.
+   ``CONFIRM_MAX_RATE``); SLO attainment is measured per arm from the decomposed rows. Where the
+   winner misses the SLOs there, it alone is replayed at lower rates (``CONFIRM_RATE_STEPS``) until
+   it meets them: the confirmed goodput is the highest rate at which it did.
 """
 from __future__ import annotations
 
@@ -630,22 +632,81 @@ def prompt_text(tokens: int, rng, tokenizer=None) -> str:
     return text
 
 
+def confirmation_rates(predicted: float) -> list[float]:
+    """The rates the confirmation replays the winner at, in turn, until it meets the SLOs: ``CONFIRM_RATE_STEPS``
+    times its predicted goodput (by default 1, 0.8, 0.6), each capped at ``CONFIRM_MAX_RATE``; a rate no lower
+    than the one before is dropped."""
+    rates: list[float] = []
+    for factor in cfg("CONFIRM_RATE_STEPS"):
+        rate = round(min(max(predicted * factor, 0.1), cfg("CONFIRM_MAX_RATE")), 4)
+        if not rates or rate < rates[-1]:
+            rates.append(rate)
+    return rates
+
+
 def _confirm(study: TuningStudy, problem: S.Problem, result: dict, lease: Lease) -> str | None:
     """Replay winner and current as a paired regression run and measure both: on real-time simulated replicas, or
-    on real `vllm serve` processes when the study's group runs real vLLM."""
-    import random
-
-    from regressions.datasets import clean_items, write_version
-    from regressions.models import RunState
-    from regressions.service import RunError, create_run
+    on real `vllm serve` processes when the study's group runs real vLLM. Where the winner misses the SLOs at its
+    predicted goodput, it alone is replayed again at the lower rates of ``confirmation_rates`` until it meets them
+    (or none is left): the confirmed goodput is the highest rate at which it did. Each finished step is kept in
+    the result, so a resumed study goes on with the next one."""
+    from regressions.models import RegressionRun, RunState
 
     best = result.get("best") or {}
     if best.get("is_current"):
         result["confirmation"] = {"skipped": "the current config is the best found: nothing to confirm"}
         return None
-    run_id = TuningStudy.objects.filter(id=study.id).values_list("confirmation_run_id", flat=True).first()
-    rate = min(max(best["goodput"], 0.1), cfg("CONFIRM_MAX_RATE"))
-    if run_id is None:
+    rates = confirmation_rates(best["goodput"])
+    steps = result.setdefault("confirmation_steps", [])
+    while True:
+        run_id = TuningStudy.objects.filter(id=study.id).values_list("confirmation_run_id", flat=True).first()
+        if run_id is None or (steps and steps[-1]["run_id"] == run_id):  # this step's run is not started yet
+            if steps and (steps[-1]["attainment"] is None or steps[-1]["met"] or len(steps) >= len(rates)):
+                break
+            run_id = _start_confirmation_run(study, problem, result, best, rates[len(steps)], paired=not steps)
+            if run_id is None:
+                if not steps:
+                    return None
+                break
+        while True:
+            run = RegressionRun.objects.get(id=run_id)
+            if run.state in (RunState.DONE, RunState.ERROR, RunState.CANCELLED):
+                break
+            if lease.stop_now():
+                return _stopped(study, lease)
+            time.sleep(1.0)
+        figures = confirmation_figures(run, problem, run.options.get("rate") or rates[len(steps)])
+        if not steps:
+            result["confirmation"] = figures
+        attainment = figures.get("best")
+        steps.append({"run_id": run.id, "rate": figures["rate"], "state": run.state, "attainment": attainment,
+                      "predicted_attainment": figures["predicted_attainment"].get("best"),
+                      "requests": figures["measured"].get("best", {}).get("requests"),
+                      "met": attainment is not None and attainment >= problem.slo.target})
+        _update(study, result=result, phase=f"confirming on replicas: {len(steps)} of at most {len(rates)} rates")
+    confirmation = result.get("confirmation") or {}
+    confirmation["steps"] = steps
+    met = [step["rate"] for step in steps if step["met"]]
+    confirmation["confirmed_goodput"] = max(met) if met else None
+    if met and best.get("goodput"):
+        confirmation["confirmed_share"] = round(max(met) / best["goodput"], 4)  # of the predicted goodput
+    result["confirmation"] = confirmation
+    if study.objective != Objective.PARETO and confirmation.get("best") is not None:
+        result["confirmed_goodput"] = confirmation["confirmed_goodput"]
+    return None
+
+
+def _start_confirmation_run(study: TuningStudy, problem: S.Problem, result: dict, best: dict, rate: float,
+                            paired: bool) -> int | None:
+    """The confirmation's next regression run: the winner against the current config (paired) at the first rate,
+    the winner alone at the lower ones. None (and the reason in the result) when it cannot start."""
+    import random
+
+    from regressions.datasets import clean_items, write_version
+    from regressions.service import RunError, create_run
+
+    name = f"tuning-study-{study.id}"
+    if paired:
         rng = random.Random(study.seed)
         items = []
         tokenizer = local_tokenizer(problem.current.model)
@@ -657,39 +718,30 @@ def _confirm(study: TuningStudy, problem: S.Problem, result: dict, lease: Lease)
                 output = max(1, min(output, max_len - prompt))
             items.append({"id": f"w{index + 1}", "prompt": prompt_text(max(1, min(prompt, 8000)), rng, tokenizer),
                           "params": {"max_tokens": max(1, output), "ignore_eos": True, "temperature": 0}})
-        name = f"tuning-study-{study.id}"
         items = clean_items((f"item {i + 1}", item, item["id"]) for i, item in enumerate(items))
         write_version(study.project, name, items, source="tuning", replace=True, created_by=study.created_by,
                       note=f"lengths of tuning study {study.id}'s workload")
-        backend = group_backend(study.group)
-        real = backend["backend"] == "vllm"
-        try:
-            # On the group's own backend: real `vllm serve` processes for a group of real vLLM replicas.
-            run = create_run(study.project, dataset=name, target_config=best["config"],
-                             baseline_config=study.current_config, created_by=study.created_by or "tuning",
-                             options={"rate": rate, "arrival": "poisson", "seed": study.seed,
-                                      "burstiness": problem.workload.burstiness,
-                                      # two real vLLM servers on this host's cores would slow each other
-                                      "arms": "in_turn" if real else "together"},
-                             config_backend=backend if real else None)
-        except RunError as exc:
-            result["confirmation"] = {"error": f"the confirmation run could not start: {exc}"}
-            return None
-        _update(study, confirmation_run=run, result=result)
-        run_id = run.id
-    from regressions.models import RegressionRun
-
-    while True:
-        run = RegressionRun.objects.get(id=run_id)
-        if run.state in (RunState.DONE, RunState.ERROR, RunState.CANCELLED):
-            break
-        if lease.stop_now():
-            return _stopped(study, lease)
-        time.sleep(1.0)
-    result["confirmation"] = confirmation_figures(run, problem, rate)
-    if study.objective != Objective.PARETO and result["confirmation"].get("best"):
-        result["confirmed_goodput"] = result["confirmation"]["confirmed_goodput"]
-    return None
+    backend = group_backend(study.group)
+    real = backend["backend"] == "vllm"
+    options = {"rate": rate, "arrival": "poisson", "seed": study.seed, "burstiness": problem.workload.burstiness}
+    if paired:
+        options["arms"] = "in_turn" if real else "together"  # two real vLLM servers on this host's cores would
+        # slow each other
+    try:
+        # On the group's own backend: real `vllm serve` processes for a group of real vLLM replicas.
+        run = create_run(study.project, dataset=name, target_config=best["config"],
+                         baseline_config=study.current_config if paired else None,
+                         created_by=study.created_by or "tuning", options=options,
+                         config_backend=backend if real else None)
+    except RunError as exc:
+        what = "the confirmation run" if paired else f"the confirmation's replay at {rate:g} req/s"
+        if paired:
+            result["confirmation"] = {"error": f"{what} could not start: {exc}"}
+        else:
+            result.setdefault("confirmation", {})["error"] = f"{what} could not start: {exc}"
+        return None
+    _update(study, confirmation_run=run, result=result)
+    return run.id
 
 
 def confirmation_figures(run, problem: S.Problem, rate: float) -> dict:
@@ -700,8 +752,10 @@ def confirmation_figures(run, problem: S.Problem, rate: float) -> dict:
 
     limits = problem.slo.thresholds
     arms: dict[str, dict] = {}
+    replayed = 0
     for arm, label in ((Arm.CANDIDATE, "best"), (Arm.BASELINE, "current")):
         results = list(run.results.filter(arm=arm, warmup=False))
+        replayed = max(replayed, len(results))
         results = results[int(len(results) * 0.1):]  # as in the simulation: the first 10% warm the engine up
         good = 0
         for r in results:
@@ -711,13 +765,16 @@ def confirmation_figures(run, problem: S.Problem, rate: float) -> dict:
             good += ok
         arms[label] = {"requests": len(results), "attainment": good / len(results) if results else None}
     predicted = {}
+    # As many requests as were replayed: beyond its goodput a short replay queues less than a long one, so a
+    # prediction of the study's length would not be the same experiment.
+    count = replayed or cfg("CONFIRM_ITEMS")
     for label, config in (("best", run.target.get("config")), ("current", (run.baseline_target or {}).get("config"))):
         if config:
-            m = measure(EngineConfig.from_dict(config), problem.workload, problem.slo, rate, count=problem.count,
+            m = measure(EngineConfig.from_dict(config), problem.workload, problem.slo, rate, count=count,
                         seed=problem.seed)
             predicted[label] = m.attainment
     real = (run.target or {}).get("backend") == "vllm"
-    out = {"run_id": run.id, "state": run.state, "verdict": run.verdict, "rate": round(rate, 4),
+    out = {"run_id": run.id, "state": run.state, "verdict": run.verdict, "rate": round(rate, 4), "requests": count,
            "target": problem.slo.target, "measured": arms, "predicted_attainment": predicted,
            "backend": "vllm" if real else "simulator", "note": (
                "replayed on real vLLM: a `vllm serve` per config, started for the run with the launcher's command; "

@@ -81,7 +81,10 @@ def live(tmp_path_factory):
         data_dir=str(root / "data"), args=("--with-engine",),
         extra_env={**({"DATABASE_URL": database[1]} if database else {}), "ENGINE_FLEET": str(fleet),
                    "TUNING_STALE_SECONDS": "6", "TUNING_SWEEP_INTERVAL_SECONDS": "2",
-                   "TUNING_QUEUED_GRACE_SECONDS": "3", "TUNING_CONFIRM_MAX_RATE": "8", "TUNING_CONFIRM_ITEMS": "80",
+                   "TUNING_QUEUED_GRACE_SECONDS": "3", "TUNING_CONFIRM_MAX_RATE": "16", "TUNING_CONFIRM_ITEMS": "80",
+                   # A first replay at 3x the predicted goodput, which a winner under the cap misses: the steps down
+                   # are tested (test_tuning_live.py). Winners above the cap are replayed at the cap only.
+                   "TUNING_CONFIRM_RATE_STEPS": "3,1,0.7,0.5",
                    # Two workers share each study's trials (ask-and-tell on the shared Optuna storage).
                    "TUNING_PARALLEL_TRIALS": "2",
                    # Smaller studies than the defaults (the winner still clearly beats max_num_seqs 8): 200
@@ -89,10 +92,10 @@ def live(tmp_path_factory):
                    "TUNING_SIM_REQUESTS": "200", "TUNING_RESCORE_CANDIDATES": "3", "TUNING_RESCORE_SEEDS": "3",
                    "REGRESSIONS_SWEEP_INTERVAL_SECONDS": "2", "REGRESSIONS_QUEUED_GRACE_SECONDS": "3"})
     try:
-        process.manage("migrate", "-v0")
-        for name in ("default", "other"):
-            process.manage("create_ingest_key", "--project", name)
-        token = process.manage("create_api_token", "--user", "ops", "--role", "operator", "--project", "default")
+        *_, token = process.manage_many(
+            ("migrate", "-v0"), ("create_ingest_key", "--project", "default"),
+            ("create_ingest_key", "--project", "other"),
+            ("create_api_token", "--user", "ops", "--role", "operator", "--project", "default"))
         process.start(timeout=180)
         yield Live(process, token)
     finally:
@@ -135,9 +138,9 @@ def vllm_live(tmp_path_factory, real_vllm_executable, tiny_model_dir):
                    "TUNING_SIM_REQUESTS": "200", "TUNING_RESCORE_CANDIDATES": "2", "TUNING_RESCORE_SEEDS": "3",
                    "REGRESSIONS_SWEEP_INTERVAL_SECONDS": "2", "REGRESSIONS_QUEUED_GRACE_SECONDS": "3"})
     try:
-        process.manage("migrate", "-v0")
-        process.manage("create_ingest_key", "--project", "default")
-        token = process.manage("create_api_token", "--user", "ops", "--role", "operator", "--project", "default")
+        *_, token = process.manage_many(
+            ("migrate", "-v0"), ("create_ingest_key", "--project", "default"),
+            ("create_api_token", "--user", "ops", "--role", "operator", "--project", "default"))
         process.start(timeout=300)
         yield Live(process, token)
     finally:

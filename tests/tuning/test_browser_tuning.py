@@ -1,7 +1,8 @@
 """The tuning pages in a real browser (Playwright driving Debian's Chromium) against the live platform: a form
 refused with the API's messages (no traffic yet, a bad trial count), a study started from the form and watched to
 its end, its result read (workload, why the winner wins, importances, Pareto front, robust re-scoring, the
-confirmation run), and the winner proposed as a rollout; a viewer sees no forms and is refused when posting.
+confirmation run), and the winner proposed as a rollout; a confirmation that steps down from a rate its winner
+misses, through the API, the CLI and the page; a viewer sees no forms and is refused when posting.
 
 Screenshots go to $OBSERVATORY_SCREENSHOTS (default: the test's temporary directory)."""
 from __future__ import annotations
@@ -39,8 +40,9 @@ def shots(tmp_path_factory) -> Path:
     return directory
 
 
-def session(browser, live, role: str, width: int = 1400):
-    password = _password(live.process.manage("dashboard_login", "--user", f"tune-{role}", "--project", "default",
+def session(browser, live, role: str, width: int = 1400, user: str | None = None):
+    user = user or f"tune-{role}"
+    password = _password(live.process.manage("dashboard_login", "--user", user, "--project", "default",
                                              "--role", role))
     context = browser.new_context(viewport={"width": width, "height": 1000})
     page = context.new_page()
@@ -48,7 +50,7 @@ def session(browser, live, role: str, width: int = 1400):
     page.on("pageerror", lambda error: errors.append(f"page error: {error}"))
     page.on("console", lambda m: errors.append(f"console: {m.text}") if m.type == "error" else None)
     page.goto(live.process.url + "/accounts/login/")
-    page.fill("#id_username", f"tune-{role}")
+    page.fill("#id_username", user)
     page.fill("#id_password", password)
     page.click("main button[type=submit]")
     page.wait_for_load_state("networkidle")
@@ -109,6 +111,52 @@ def test_start_watch_read_and_propose_a_study_in_the_browser(browser, live, shot
     narrow.goto(url + "/tuning/")
     narrow.wait_for_load_state("networkidle")
     narrow.screenshot(path=str(shots / "tuning-list-narrow.png"), full_page=True)
+    assert not errors, errors
+    context.close()
+
+
+def test_a_winner_that_misses_the_slos_at_a_rate_is_replayed_alone_at_lower_ones_until_it_meets_them(browser, live,
+                                                                                                    shots):
+    """The fixture's platform replays winners at 3×, 1×, 0.7× and 0.5× their predicted goodput in turn
+    (TUNING_CONFIRM_RATE_STEPS; by default 1, 0.8, 0.6), all under the 16 req/s cap here for a winner of 12
+    sequences (about 5 req/s predicted). Far above its goodput it misses the SLOs, measured and predicted alike
+    (80 requests replayed: nearer its goodput, so short a replay passes or fails by chance); the next replays are
+    of the winner alone, and the confirmed goodput is the highest rate at which it met them."""
+    status, study = live.api("POST", "/api/v1/tuning-studies", {
+        "group": "base", "workload": "synthetic:chat", "trials": 2, "seed": 3, "space": {"max_num_seqs": [8, 12]},
+        "slo": {"ttft_ms": 300, "tpot_ms": 30}})
+    assert status == 201, study
+    done = live.wait(study["id"], timeout=600)
+    assert done["state"] == "done", done
+    assert done["best"]["config"]["max_num_seqs"] == 12 and done["best"]["goodput"] * 3 < 16, done["best"]
+    confirmation = done["confirmation"]
+    steps = confirmation["steps"]
+    predicted = done["best"]["goodput"]
+    assert [s["rate"] for s in steps] == pytest.approx([f * predicted for f in (3, 1, 0.7, 0.5)][:len(steps)],
+                                                        rel=1e-3), steps
+    first = steps[0]
+    assert not first["met"] and first["attainment"] < 0.95 and first["predicted_attainment"] < 0.95, steps
+    assert len(steps) >= 2 and steps[-1]["met"] and not any(s["met"] for s in steps[:-1]), steps
+    assert confirmation["confirmed_goodput"] == steps[-1]["rate"] == done["best"]["confirmed_goodput"]
+    assert confirmation["confirmed_share"] == pytest.approx(steps[-1]["rate"] / predicted, rel=1e-3)
+    # The first replay is paired (the current config measured beside the winner); the later ones are the winner's.
+    assert confirmation["run_id"] == first["run_id"] and confirmation["measured"]["current"]["requests"] > 50
+    for step in steps[1:]:
+        status, run = live.api("GET", f"/api/v1/regression-runs/{step['run_id']}")
+        assert status == 200 and run["target"]["config"]["max_num_seqs"] == 12
+        assert not run.get("baseline_target") and step["requests"] > 50
+        assert run["options"]["rate"] == pytest.approx(step["rate"])
+    rc, text = live.cli("tune", "show", str(done["id"]))
+    assert rc == 0 and "best alone at" in text and "of the predicted" in text, text
+    # The study's page shows each replay: rate, run, measured beside predicted, whether the SLOs were met.
+    context, page, errors = session(browser, live, "viewer", user="tune-steps-reader")
+    page.goto(live.process.url + f"/tuning/{done['id']}/")
+    page.wait_for_load_state("networkidle")
+    rows = page.locator("[data-testid=confirmation-steps] tbody tr")
+    assert rows.count() == len(steps)
+    assert rows.first.inner_text().split()[-1] == "no" and rows.last.inner_text().split()[-1] == "yes"
+    assert "of its predicted goodput" in page.locator("main").inner_text()
+    page.screenshot(path=str(shots / "tuning-confirmation-steps.png"), full_page=True)
     assert not errors, errors
     context.close()
 

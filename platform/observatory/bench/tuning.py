@@ -232,8 +232,14 @@ def confirm_figures(trials: int, real_vllm: bool = False) -> None:
         for arm in ("current", "best"):
             print(f"BENCH {label}_confirm_{arm}_attainment_measured={100 * m[arm]['attainment']:.1f} % "
                   f"(predicted {100 * p[arm]:.1f} %, gap {100 * (p[arm] - m[arm]['attainment']):+.1f} points)")
+        for step in (confirmation.get("steps") or [])[1:]:
+            measured, predicted = 100 * (step["attainment"] or 0), 100 * (step["predicted_attainment"] or 0)
+            print(f"# the winner alone at {step['rate']:.2f} req/s (run {step['run_id']}): measured "
+                  f"{measured:.1f} %, predicted {predicted:.1f} %")
+        rates = ", ".join(format(step["rate"], ".2f") for step in confirmation.get("steps") or [])
         print(f"BENCH {label}_confirmed_goodput_rps={confirmation.get('confirmed_goodput') or 0:.2f} req/s "
-              f"(predicted {result['best']['goodput']:.2f}; the replay is capped at TUNING_CONFIRM_MAX_RATE)")
+              f"(predicted {result['best']['goodput']:.2f}; replayed at {rates} req/s until it met the SLOs; "
+              "capped at TUNING_CONFIRM_MAX_RATE)")
     else:
         print(f"# confirmation: {confirmation}")
 

@@ -75,8 +75,16 @@ def report_lines(study: TuningStudy) -> list[str]:
             measured = m.get(arm, {}).get("attainment")
             lines.append(f"    {arm:<7} attainment measured {_fmt(None if measured is None else 100 * measured, 1)}%"
                          f", predicted {_fmt(None if p.get(arm) is None else 100 * p[arm], 1)}%")
-        lines.append("    confirmed goodput: " + (f"{confirmation['confirmed_goodput']:.2f} req/s"
-                                                   if confirmation.get("confirmed_goodput") else "not confirmed"))
+        for step in (confirmation.get("steps") or [])[1:]:
+            measured, predicted = step.get("attainment"), step.get("predicted_attainment")
+            lines.append(f"    best alone at {step['rate']:.2f} req/s (regression run {step['run_id']}): attainment "
+                         f"measured {_fmt(None if measured is None else 100 * measured, 1)}%, predicted "
+                         f"{_fmt(None if predicted is None else 100 * predicted, 1)}%")
+        share = confirmation.get("confirmed_share")
+        lines.append("    confirmed goodput: " + (
+            f"{confirmation['confirmed_goodput']:.2f} req/s" + (f" ({100 * share:.0f}% of the predicted)" if share
+                                                                else "")
+            if confirmation.get("confirmed_goodput") else "not confirmed at any rate replayed"))
     elif confirmation:
         lines.append(f"  confirmation: {confirmation.get('skipped') or confirmation.get('error')}")
     if study.proposal:
