@@ -65,9 +65,8 @@ def test_two_workers_and_doubled_beat_send_one_notification_per_transition(tmp_p
     platforms = [PlatformProcess(data_dir=str(tmp_path / name), extra_env=env) for name in ("one", "two")]
     try:
         first = platforms[0]
-        first.manage("migrate", "-v0")
-        first.manage("create_ingest_key", "--project", "alpha")
-        admin = first.manage("create_api_token", "--user", "alice", "--role", "admin", "--project", "alpha")
+        *_, admin = first.manage_many(("migrate", "-v0"), ("create_ingest_key", "--project", "alpha"),
+                                      ("create_api_token", "--user", "alice", "--role", "admin", "--project", "alpha"))
         [(project_id,)] = sql(db_url, "SELECT id FROM tenancy_project WHERE name = 'alpha'")
 
         # Bad TTFT from the minute before now up to the minute boundary before now + 35 s: the platforms start

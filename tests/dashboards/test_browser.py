@@ -77,20 +77,17 @@ def dash(tmp_path_factory, chromium_executable, receiver):
                    "NOTIFY_ALLOW_PRIVATE_DESTINATIONS": f"127.0.0.1:{receiver.port}"},
     )
     try:
-        process.manage("migrate", "-v0")
-        keys = {name: process.manage("create_ingest_key", "--project", name) for name in ("default", "other")}
-        token = process.manage("create_api_token", "--user", "api", "--role", "admin", "--project", "default")
-        passwords = {
-            "ops": _password(process.manage("dashboard_login", "--user", "ops", "--project", "default",
-                                            "--role", "operator")),
-            "viewer": _password(process.manage("dashboard_login", "--user", "viewer", "--project", "default",
-                                               "--role", "viewer")),
-            "admin": _password(process.manage("dashboard_login", "--user", "admin", "--project", "default",
-                                              "--role", "admin")),
-            "outsider": _password(process.manage("dashboard_login", "--user", "outsider", "--project", "other",
-                                                 "--role", "viewer")),
-        }
-        process.manage("dashboard_login", "--user", "ops", "--project", "other", "--role", "viewer")
+        logins = {"ops": ("default", "operator"), "viewer": ("default", "viewer"), "admin": ("default", "admin"),
+                  "outsider": ("other", "viewer")}
+        _, default, other, token, *outputs = process.manage_many(
+            ("migrate", "-v0"), ("create_ingest_key", "--project", "default"),
+            ("create_ingest_key", "--project", "other"),
+            ("create_api_token", "--user", "api", "--role", "admin", "--project", "default"),
+            *(("dashboard_login", "--user", user, "--project", project, "--role", role)
+              for user, (project, role) in logins.items()),
+            ("dashboard_login", "--user", "ops", "--project", "other", "--role", "viewer"))
+        keys = {"default": default, "other": other}
+        passwords = {user: _password(output) for user, output in zip(logins, outputs)}
         process.start(timeout=120)
         _wait_for_both_groups(process, token)
         yield {"process": process, "keys": keys, "token": token, "passwords": passwords, "url": process.url}

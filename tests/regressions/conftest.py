@@ -78,9 +78,11 @@ def live(tmp_path_factory):
                    "REGRESSIONS_STALE_SECONDS": "6", "REGRESSIONS_SWEEP_INTERVAL_SECONDS": "2",
                    "REGRESSIONS_QUEUED_GRACE_SECONDS": "3"})
     try:
-        process.manage("migrate", "-v0")
-        keys = {name: process.manage("create_ingest_key", "--project", name) for name in ("default", "other")}
-        token = process.manage("create_api_token", "--user", "ops", "--role", "operator", "--project", "default")
+        _, default, other, token = process.manage_many(
+            ("migrate", "-v0"), ("create_ingest_key", "--project", "default"),
+            ("create_ingest_key", "--project", "other"),
+            ("create_api_token", "--user", "ops", "--role", "operator", "--project", "default"))
+        keys = {"default": default, "other": other}
         process.start(timeout=180)
         yield Live(process, token, gateway, keys)
     finally:

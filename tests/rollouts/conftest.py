@@ -182,12 +182,12 @@ def open_world(root: Path, groups: str, base_config: dict, load: dict, vllm_exec
     process.env["ENGINE_FLEET"] = str(fleet_file)
     world = None
     try:
-        process.manage("migrate", "-v0")
-        key = process.manage("create_ingest_key", "--project", "default")
-        process.manage("create_ingest_key", "--project", "other")
-        admin = process.manage("create_api_token", "--user", "root", "--role", "admin", "--project", "default")
-        operator = process.manage("create_api_token", "--user", "ops", "--role", "operator", "--project", "default")
-        viewer = process.manage("create_api_token", "--user", "eve", "--role", "viewer", "--project", "default")
+        _, key, _, admin, operator, viewer = process.manage_many(
+            ("migrate", "-v0"), ("create_ingest_key", "--project", "default"),
+            ("create_ingest_key", "--project", "other"),
+            ("create_api_token", "--user", "root", "--role", "admin", "--project", "default"),
+            ("create_api_token", "--user", "ops", "--role", "operator", "--project", "default"),
+            ("create_api_token", "--user", "eve", "--role", "viewer", "--project", "default"))
         fleet_file.write_text(FLEET.format(run_dir=root / "engine", gateway=gateway, control=control,
                                            replicas=replicas, key=key, groups=groups,
                                            otlp_endpoint=f"127.0.0.1:{process.grpc_port}" if process.grpc_port
