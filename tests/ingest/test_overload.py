@@ -20,7 +20,8 @@ from observatory.bench.harness import PlatformProcess
 from observatory.bench.load import RssSampler, Senders
 from otlp_live_helpers import assert_stored_exactly_once, metric_value, metrics_text, readyz, wait_for
 
-# Mode-independent (backpressure of the OTLP receiver; the database only looks the key up): CI runs it once, in the server suite (tests/conftest.py).
+# Mode-independent (backpressure of the OTLP receiver; the database only looks the key up): CI runs each test
+# once, in the server suite unless it says otherwise (tests/conftest.py).
 pytestmark = pytest.mark.mode_independent(suite="server")
 
 SMALL_BOUNDS = {
@@ -38,6 +39,8 @@ def started(platform: PlatformProcess, timeout: float = 120) -> PlatformProcess:
     return platform
 
 
+# In the embedded suite: it balances the two suites CI runs side by side.
+@pytest.mark.mode_independent(suite="embedded")
 def test_sustained_overload_keeps_memory_flat_pushes_back_and_stores_every_acked_span_once(tmp_path, platform_process):
     platform = platform_process(data_dir=str(tmp_path / "data"), extra_env=SMALL_BOUNDS)
     key, _ = platform.setup()
