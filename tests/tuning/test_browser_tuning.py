@@ -157,6 +157,12 @@ def test_a_winner_that_misses_the_slos_at_a_rate_is_replayed_alone_at_lower_ones
     assert rows.first.inner_text().split()[-1] == "no" and rows.last.inner_text().split()[-1] == "yes"
     assert "of its predicted goodput" in page.locator("main").inner_text()
     page.screenshot(path=str(shots / "tuning-confirmation-steps.png"), full_page=True)
+    # A narrow window: the steps table scrolls inside itself, the page does not scroll sideways.
+    page.set_viewport_size({"width": 420, "height": 900})
+    page.reload()
+    page.wait_for_load_state("networkidle")
+    assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth + 1")
+    page.screenshot(path=str(shots / "tuning-confirmation-steps-narrow.png"), full_page=True)
     assert not errors, errors
     context.close()
 
