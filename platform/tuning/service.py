@@ -657,7 +657,8 @@ def _confirm(study: TuningStudy, problem: S.Problem, result: dict, lease: Lease)
         result["confirmation"] = {"skipped": "the current config is the best found: nothing to confirm"}
         return None
     rates = confirmation_rates(best["goodput"])
-    steps = result.setdefault("confirmation_steps", [])
+    confirmation = result.setdefault("confirmation", {})
+    steps = confirmation.setdefault("steps", [])
     while True:
         run_id = TuningStudy.objects.filter(id=study.id).values_list("confirmation_run_id", flat=True).first()
         if run_id is None or (steps and steps[-1]["run_id"] == run_id):  # this step's run is not started yet
@@ -665,8 +666,6 @@ def _confirm(study: TuningStudy, problem: S.Problem, result: dict, lease: Lease)
                 break
             run_id = _start_confirmation_run(study, problem, result, best, rates[len(steps)], paired=not steps)
             if run_id is None:
-                if not steps:
-                    return None
                 break
         while True:
             run = RegressionRun.objects.get(id=run_id)
@@ -675,22 +674,19 @@ def _confirm(study: TuningStudy, problem: S.Problem, result: dict, lease: Lease)
             if lease.stop_now():
                 return _stopped(study, lease)
             time.sleep(1.0)
-        figures = confirmation_figures(run, problem, run.options.get("rate") or rates[len(steps)])
-        if not steps:
-            result["confirmation"] = figures
-        attainment = figures.get("best")
+        figures = confirmation_figures(run, problem, run.options["rate"])
+        if not steps:  # the paired run's figures are the confirmation's own
+            confirmation.update(figures)
+        attainment = figures["best"]
         steps.append({"run_id": run.id, "rate": figures["rate"], "state": run.state, "attainment": attainment,
                       "predicted_attainment": figures["predicted_attainment"].get("best"),
-                      "requests": figures["measured"].get("best", {}).get("requests"),
+                      "requests": figures["measured"]["best"]["requests"],
                       "met": attainment is not None and attainment >= problem.slo.target})
         _update(study, result=result, phase=f"confirming on replicas: {len(steps)} of at most {len(rates)} rates")
-    confirmation = result.get("confirmation") or {}
-    confirmation["steps"] = steps
     met = [step["rate"] for step in steps if step["met"]]
     confirmation["confirmed_goodput"] = max(met) if met else None
     if met and best.get("goodput"):
         confirmation["confirmed_share"] = round(max(met) / best["goodput"], 4)  # of the predicted goodput
-    result["confirmation"] = confirmation
     if study.objective != Objective.PARETO and confirmation.get("best") is not None:
         result["confirmed_goodput"] = confirmation["confirmed_goodput"]
     return None
@@ -735,10 +731,7 @@ def _start_confirmation_run(study: TuningStudy, problem: S.Problem, result: dict
                          config_backend=backend if real else None)
     except RunError as exc:
         what = "the confirmation run" if paired else f"the confirmation's replay at {rate:g} req/s"
-        if paired:
-            result["confirmation"] = {"error": f"{what} could not start: {exc}"}
-        else:
-            result.setdefault("confirmation", {})["error"] = f"{what} could not start: {exc}"
+        result["confirmation"]["error"] = f"{what} could not start: {exc}"
         return None
     _update(study, confirmation_run=run, result=result)
     return run.id
@@ -783,7 +776,6 @@ def confirmation_figures(run, problem: S.Problem, rate: float) -> dict:
                "in real time, with HTTP, tokenisation and tracing on the path")}
     best = arms.get("best", {}).get("attainment")
     out["best"] = best
-    out["confirmed_goodput"] = rate if best is not None and best >= problem.slo.target else None
     if "best" in predicted and best is not None:
         out["gap_best"] = round(predicted["best"] - best, 4)
     current = arms.get("current", {}).get("attainment")

@@ -80,11 +80,12 @@ def report_lines(study: TuningStudy) -> list[str]:
             lines.append(f"    best alone at {step['rate']:.2f} req/s (regression run {step['run_id']}): attainment "
                          f"measured {_fmt(None if measured is None else 100 * measured, 1)}%, predicted "
                          f"{_fmt(None if predicted is None else 100 * predicted, 1)}%")
-        share = confirmation.get("confirmed_share")
-        lines.append("    confirmed goodput: " + (
-            f"{confirmation['confirmed_goodput']:.2f} req/s" + (f" ({100 * share:.0f}% of the predicted)" if share
-                                                                else "")
-            if confirmation.get("confirmed_goodput") else "not confirmed at any rate replayed"))
+        confirmed = confirmation.get("confirmed_goodput")
+        if confirmed:
+            lines.append(f"    confirmed goodput: {confirmed:.2f} req/s "
+                         f"({100 * confirmation['confirmed_share']:.0f}% of the predicted)")
+        else:
+            lines.append("    confirmed goodput: not confirmed at any rate replayed")
     elif confirmation:
         lines.append(f"  confirmation: {confirmation.get('skipped') or confirmation.get('error')}")
     if study.proposal:
