@@ -2,14 +2,17 @@
 
 Every ``health_interval_s`` each replica is probed: a 200 puts it (back) in rotation; a
 refused connection takes it out at once, other failures after ``unhealthy_after`` probes
-in a row (a replica busy enough to miss one probe is not dead). Model lists are fetched
-from healthy replicas at most every ``models_cache_ttl_s``, one fetch at a time however
-many requests ask.
+in a row (a replica busy enough to miss one probe is not dead). A request that finds no
+replica in rotation for its model has the ones out of rotation probed at once (``recheck``),
+so a restarted replica serves as soon as it answers rather than at the next round. Model
+lists are fetched from healthy replicas at most every ``models_cache_ttl_s``, one fetch at
+a time however many requests ask.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Collection
 
 import aiohttp
 import orjson
@@ -20,6 +23,9 @@ from engine.gateway.settings import GatewaySettings
 log = logging.getLogger(__name__)
 
 _MAX_MODELS_BODY = 4 * 1024 * 1024
+# At most one recheck round per this many seconds (or per ``health_interval_s`` if shorter): in a real
+# outage a flood of requests costs each dead replica a few probes a second, not one per request.
+RECHECK_MIN_GAP_S = 0.5
 
 
 def describe_failure(exc: BaseException) -> str:
@@ -37,6 +43,8 @@ class UpstreamMonitor:
         self.session: aiohttp.ClientSession | None = None
         self._wake = asyncio.Event()
         self._models_fetch: asyncio.Future | None = None
+        self._recheck: asyncio.Future | None = None
+        self._recheck_started = 0.0
 
     def wake(self) -> None:
         """Probe now rather than at the next interval (after a route change)."""
@@ -59,6 +67,32 @@ class UpstreamMonitor:
 
     async def probe_all(self) -> None:
         await asyncio.gather(*(self.probe(upstream) for upstream in self.table.upstreams()))
+
+    async def recheck(self, model: str, exclude: Collection[Upstream] = ()) -> bool:
+        """A request found no replica in rotation for ``model``: probe the ones out of rotation now.
+
+        Returns whether one of them is back. Rounds are shared: a request arriving while one runs
+        waits for it, and one arriving within ``RECHECK_MIN_GAP_S`` of the last round reads its outcome.
+        ``exclude``: replicas this request has just failed on (not worth a probe).
+        """
+        down = [u for u in self.table.upstreams() if not u.healthy and u.serves(model) and u not in exclude]
+        if not down:
+            return False
+        now = asyncio.get_running_loop().time()
+        gap = min(RECHECK_MIN_GAP_S, self.settings.health_interval_s)
+        if self._recheck is None or (self._recheck.done() and now - self._recheck_started >= gap):
+            self._recheck_started = now
+            log.info("no replica in rotation serves '%s': probing %d out of rotation now", model[:100], len(down))
+            self._recheck = asyncio.ensure_future(asyncio.gather(*(self.probe(u) for u in down)))
+        try:
+            # Shielded: a request that gives up must not cancel the round other requests are waiting on.
+            await asyncio.shield(self._recheck)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("recheck of replicas out of rotation failed")
+            return False
+        return any(u.healthy for u in down)
 
     async def probe(self, upstream: Upstream) -> bool:
         """One ``/health`` probe; updates the replica's health and returns whether it answered 200."""

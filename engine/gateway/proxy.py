@@ -330,12 +330,17 @@ class Exchange:
             preferred = table.choose_group().name
         tried: list[Upstream] = []
         last_failure: _AttemptFailed | None = None
+        rechecked = False
         self.watchdog.start()
         try:
             while True:
                 upstream = table.pick(self.model, preferred, tried, pinned=pinned is not None)
                 if upstream is None:
-                    break
+                    # None in rotation: one out of it may be back since its last probe (a restarted replica).
+                    if rechecked or not await self.gateway.monitor.recheck(self.model, exclude=tried):
+                        break
+                    rechecked = True
+                    continue
                 if tried:
                     metrics.failovers.inc()
                 tried.append(upstream)
@@ -370,7 +375,8 @@ class Exchange:
                 return
         finally:
             self.watchdog.stop()
-        retry_after = max(self.settings.retry_after_s, self.settings.health_interval_s)
+        # Not the probe interval: the next request has the replicas out of rotation probed again (``recheck``).
+        retry_after = self.settings.retry_after_s
         if last_failure is None:
             raise GatewayError(503, f"no healthy replica serves the model '{self.model}'", "no_healthy_upstream",
                                retry_after=retry_after)

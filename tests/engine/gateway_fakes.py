@@ -60,6 +60,7 @@ class FakeReplica:
         self.delay = delay  # before the answer (non-streaming) or before the first chunk (streaming)
         self.status = status
         self.health_status = 200
+        self.health_checks = 0  # /health requests answered
         # When set, each chunk after the first waits for an item here: tests step a stream by hand.
         self.steps: asyncio.Queue | None = None
         # Simulated crash: "before_answer" drops the connection without a response; an int N drops it after N chunks.
@@ -93,6 +94,7 @@ class FakeReplica:
             self.runner = None
 
     async def _health(self, request: web.Request) -> web.Response:
+        self.health_checks += 1
         return web.Response(status=self.health_status)
 
     async def _models(self, request: web.Request) -> web.Response:

@@ -163,6 +163,62 @@ def test_dead_replica_is_routed_around_and_comes_back_after_health_checks():
     run(scenario())
 
 
+def test_a_restarted_replica_serves_the_next_request_without_waiting_for_the_next_probe_round():
+    async def scenario():
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        # Probe rounds 30 s apart: only the recheck a request triggers can see the replica come back.
+        async with gateway(groups(("baseline", 1, [url])), health_interval_s=30) as gw, \
+                aiohttp.ClientSession() as client:
+            async with client.post(gw.url + "/v1/chat/completions", json=chat()) as resp:
+                assert resp.status == 503
+                assert resp.headers["Retry-After"] == "1"  # worth retrying soon: a request triggers a probe
+            (upstream,) = gw.gateway.table.upstreams()
+            assert upstream.healthy is False
+            restarted = FakeReplica("restarted")
+            await restarted.start(port=port)
+            await asyncio.sleep(0.6)  # a restart takes longer than the least gap between recheck rounds (0.5 s)
+            async with client.post(gw.url + "/v1/chat/completions", json=chat()) as resp:
+                assert resp.status == 200, await resp.text()
+            assert len(restarted.requests) == 1 and upstream.healthy is True
+            await restarted.stop()
+
+    run(scenario())
+
+
+def test_requests_finding_no_replica_in_rotation_share_one_recheck_round():
+    async def scenario():
+        sick = FakeReplica("sick")
+        sick.health_status = 500
+        await sick.start()
+        # One failed probe takes it out: the gateway's first round (at start) does.
+        async with gateway(groups(("baseline", 1, [sick])), health_interval_s=30, unhealthy_after=1) as gw, \
+                aiohttp.ClientSession() as client:
+            (upstream,) = gw.gateway.table.upstreams()
+            assert await eventually(lambda: not upstream.healthy)
+            before = sick.health_checks
+
+            async def call() -> tuple[int, str]:
+                async with client.post(gw.url + "/v1/chat/completions", json=chat()) as resp:
+                    return resp.status, (await resp.json())["error"]["code"]
+
+            started = time.monotonic()
+            answers = await asyncio.gather(*(call() for _ in range(40)))
+            answers += [await call() for _ in range(10)]  # and one after the other
+            assert answers == [(503, "no_healthy_upstream")] * 50
+            assert sick.requests == []
+            # 50 requests, but one round at a time and at most one per 0.5 s: few probes.
+            assert 1 <= sick.health_checks - before <= 2 + int((time.monotonic() - started) / 0.5)
+            sick.health_status = 200
+            await asyncio.sleep(0.6)  # past the least gap between rounds
+            async with client.post(gw.url + "/v1/chat/completions", json=chat()) as resp:
+                assert resp.status == 200
+            assert len(sick.requests) == 1
+        await sick.stop()
+
+    run(scenario())
+
+
 def test_failover_crosses_groups_and_all_dead_gives_503():
     provider, exporter = tracing()
 
