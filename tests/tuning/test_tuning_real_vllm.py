@@ -48,3 +48,12 @@ def test_a_study_on_real_vllm_is_confirmed_on_real_vllm(vllm_live, tmp_path):
     assert status == 200
     decomposed = [r for r in results["results"] if (r.get("metrics") or {}).get("prefill_ms") is not None]
     assert len(decomposed) >= 80, results["results"][:2]
+    # The replays are listed once, the paired run first; the confirmed goodput is the best rate the winner met.
+    steps = confirmation["steps"]
+    assert steps[0]["run_id"] == confirmation["run_id"] and steps[0]["attainment"] == confirmation["best"], steps
+    met = [step["rate"] for step in steps if step["met"]]
+    assert confirmation.get("confirmed_goodput") == (max(met) if met else None) == best["confirmed_goodput"]
+    rates = [step["rate"] for step in steps]
+    # From the predicted goodput (capped at the fixture's TUNING_CONFIRM_MAX_RATE, 6) down; it stops once met.
+    assert rates[0] == pytest.approx(min(best["goodput"], 6), rel=1e-3) and rates == sorted(set(rates), reverse=True)
+    assert not any(step["met"] for step in steps[:-1]), steps
