@@ -50,7 +50,7 @@ class Gateway:
             tracer_provider = self._owned_provider = build_tracer_provider(settings.service_name)
         self.tracer_provider = tracer_provider
         self.tracer = tracer_provider.get_tracer(TRACER_NAME)
-        self.monitor = UpstreamMonitor(self.table, settings)
+        self.monitor = UpstreamMonitor(self.table, settings, rechecks=self.metrics.rechecks)
         self.session: aiohttp.ClientSession | None = None
         self._watched: set[Exchange] = set()
 

@@ -16,6 +16,7 @@ from collections.abc import Collection
 
 import aiohttp
 import orjson
+from prometheus_client import Counter
 
 from engine.gateway.routing import RouteTable, Upstream
 from engine.gateway.settings import GatewaySettings
@@ -37,9 +38,10 @@ def describe_failure(exc: BaseException) -> str:
 
 
 class UpstreamMonitor:
-    def __init__(self, table: RouteTable, settings: GatewaySettings):
+    def __init__(self, table: RouteTable, settings: GatewaySettings, rechecks: Counter | None = None):
         self.table = table
         self.settings = settings
+        self.rechecks = rechecks  # recheck rounds by outcome ("back" or "down"), when metrics are kept
         self.session: aiohttp.ClientSession | None = None
         self._wake = asyncio.Event()
         self._models_fetch: asyncio.Future | None = None
@@ -83,7 +85,7 @@ class UpstreamMonitor:
         if self._recheck is None or (self._recheck.done() and now - self._recheck_started >= gap):
             self._recheck_started = now
             log.info("no replica in rotation serves '%s': probing %d out of rotation now", model[:100], len(down))
-            self._recheck = asyncio.ensure_future(asyncio.gather(*(self.probe(u) for u in down)))
+            self._recheck = asyncio.ensure_future(self._recheck_round(down))
         try:
             # Shielded: a request that gives up must not cancel the round other requests are waiting on.
             await asyncio.shield(self._recheck)
@@ -93,6 +95,11 @@ class UpstreamMonitor:
             log.exception("recheck of replicas out of rotation failed")
             return False
         return any(u.healthy for u in down)
+
+    async def _recheck_round(self, down: list[Upstream]) -> None:
+        answered = await asyncio.gather(*(self.probe(u) for u in down))
+        if self.rechecks is not None:
+            self.rechecks.labels("back" if any(answered) else "down").inc()
 
     async def probe(self, upstream: Upstream) -> bool:
         """One ``/health`` probe; updates the replica's health and returns whether it answered 200."""

@@ -51,6 +51,10 @@ class GatewayMetrics:
         self.upstream_errors = Counter("llm_gateway_upstream_errors",
                                        "Failed upstream attempts (unreachable, disconnected, timeout, bad_response)",
                                        ["group", "upstream", "kind"], registry=self.registry)
+        self.rechecks = Counter("llm_gateway_recheck_rounds",
+                                "Probe rounds of the replicas out of rotation started by requests that found none in "
+                                "rotation, by outcome (back: one or more answered 200; down: none did)",
+                                ["outcome"], registry=self.registry)
         self.failovers = Counter("llm_gateway_failovers", "Requests moved to another replica after a failed attempt",
                                  registry=self.registry)
         self.overhead = Histogram("llm_gateway_overhead_seconds", "Time spent in the gateway itself per request",

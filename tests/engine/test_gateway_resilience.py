@@ -208,12 +208,15 @@ def test_requests_finding_no_replica_in_rotation_share_one_recheck_round():
             assert answers == [(503, "no_healthy_upstream")] * 50
             assert sick.requests == []
             # 50 requests, but one round at a time and at most one per 0.5 s: few probes.
-            assert 1 <= sick.health_checks - before <= 2 + int((time.monotonic() - started) / 0.5)
+            rounds = sick.health_checks - before
+            assert 1 <= rounds <= 2 + int((time.monotonic() - started) / 0.5)
+            assert f'llm_gateway_recheck_rounds_total{{outcome="down"}} {float(rounds)}' in await _metrics(client, gw.url)
             sick.health_status = 200
             await asyncio.sleep(0.6)  # past the least gap between rounds
             async with client.post(gw.url + "/v1/chat/completions", json=chat()) as resp:
                 assert resp.status == 200
             assert len(sick.requests) == 1
+            assert 'llm_gateway_recheck_rounds_total{outcome="back"} 1.0' in await _metrics(client, gw.url)
         await sick.stop()
 
     run(scenario())
