@@ -89,9 +89,7 @@ class UpstreamMonitor:
         try:
             # Shielded: a request that gives up must not cancel the round other requests are waiting on.
             await asyncio.shield(self._recheck)
-        except asyncio.CancelledError:
-            raise
-        except Exception:
+        except Exception:  # a cancelled request's CancelledError is not an Exception: it goes on up
             log.exception("recheck of replicas out of rotation failed")
             return False
         return any(u.healthy for u in down)
