@@ -585,7 +585,9 @@ def _rescore(study: TuningStudy, problem: S.Problem, ostudy, result: dict) -> di
         predicted_gain=(winner["robust_score"] / current_r["robust_score"]
                         if current_r["robust_score"] > 0 else None),
         explanation=explanation,
-        grid_baseline=S.grid_baseline(problem, study.trials),
+        grid_baseline=S.grid_against(S.grid_baseline(problem, study.trials), winner["score"],
+                                     max(c["score"] for c in candidates),
+                                     "req/s per GPU" if problem.objective == "goodput_per_gpu" else "req/s"),
         replicas_for_peak=(math.ceil(problem.workload.peak_rate / winner["goodput"]) if winner["goodput"] > 0
                            else None),
     )

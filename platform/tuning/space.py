@@ -140,6 +140,24 @@ class Space:
                 point[knob] = min(max(value, low), high) if isinstance(value, (int, float)) else low
         return point
 
+    def outside(self, current: EngineConfig, point: Mapping[str, Any]) -> list[str]:
+        """The knobs of ``point`` whose value this space cannot reach, each said with what the space holds (a knob
+        the space leaves out keeps the current config's resolved value)."""
+        resolved = current.resolved()
+        out = []
+        for knob, value in point.items():
+            spec = self.knobs.get(knob)
+            if spec is None:
+                held = getattr(resolved, knob, None)
+                if value != held:
+                    out.append(f"{knob} {value} (not searched: the study keeps {held})")
+            elif isinstance(spec, list):
+                if value not in spec:
+                    out.append(f"{knob} {value} (the study searched {', '.join(str(v) for v in spec)})")
+            elif not spec["low"] <= value <= spec["high"]:
+                out.append(f"{knob} {value} (the study searched {spec['low']}–{spec['high']})")
+        return out
+
     # ------------------------------------------------------------------ configs
     def config(self, current: EngineConfig, point: Mapping[str, Any]) -> EngineConfig:
         """The current config with ``point`` applied (validated: raises ConfigError naming every problem)."""

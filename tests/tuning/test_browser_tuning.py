@@ -148,6 +148,12 @@ def test_a_winner_that_misses_the_slos_at_a_rate_is_replayed_alone_at_lower_ones
         assert run["options"]["rate"] == pytest.approx(step["rate"])
     rc, text = live.cli("tune", "show", str(done["id"]))
     assert rc == 0 and "best alone at" in text and "of the predicted" in text, text
+    # The auto_tune.sh-style grid ranges over auto_tune's own values, far beyond this study's 8 and 12 sequences:
+    # the API, the CLI and the page say its better point lies outside the study's space.
+    grid = done["grid_baseline"]
+    assert grid["best"]["goodput"] > done["best"]["goodput"] and grid["best"]["max_num_seqs"] not in (8, 12), grid
+    assert "outside the study's search space: max_num_seqs" in grid["verdict"], grid
+    assert "outside the study's search space" in text and "Widen the space" in text, text
     # The study's page shows each replay: rate, run, measured beside predicted, whether the SLOs were met.
     context, page, errors = session(browser, live, "viewer", user="tune-steps-reader")
     page.goto(live.process.url + f"/tuning/{done['id']}/")
@@ -156,6 +162,7 @@ def test_a_winner_that_misses_the_slos_at_a_rate_is_replayed_alone_at_lower_ones
     assert rows.count() == len(steps)
     assert rows.first.inner_text().split()[-1] == "no" and rows.last.inner_text().split()[-1] == "yes"
     assert "of its predicted goodput" in page.locator("main").inner_text()
+    assert "outside the study's search space" in page.locator("[data-testid=grid]").inner_text()
     page.screenshot(path=str(shots / "tuning-confirmation-steps.png"), full_page=True)
     # A narrow window: the steps table scrolls inside itself, the page does not scroll sideways.
     page.set_viewport_size({"width": 420, "height": 900})

@@ -217,6 +217,41 @@ def test_robust_rescoring_prefers_the_config_closest_to_the_current_among_near_e
     assert S.choose(rescored)["name"] == "far"
 
 
+def test_the_auto_tune_grid_says_when_it_beats_the_winner_outside_the_studys_space():
+    """A study that searched only max_num_seqs 8 and 12: the auto_tune.sh-style grid, on auto_tune's own ranges,
+    finds far more at a bigger batch, and its verdict says that point lies outside the study's space."""
+    space = parse_space({"max_num_seqs": [8, 12]}, CURRENT)
+    slo = G.Slo({"ttft_ms": 300, "tpot_ms": 30}, 0.95)
+    problem = S.Problem(CURRENT, space, synthetic("chat"), slo, count=150)
+    winner = G.goodput(space.config(CURRENT, {"max_num_seqs": 12}), problem.workload, slo, count=150).goodput
+    grid = S.grid_against(S.grid_baseline(problem, 6), winner, winner)
+    best = grid["best"]
+    assert grid["points"] == 6 and best["max_num_seqs"] > 12 and best["goodput"] > 2 * winner, (grid, winner)
+    assert best["outside_space"][0] == f"max_num_seqs {best['max_num_seqs']} (the study searched 8, 12)"
+    tokens = CURRENT.resolved().max_num_batched_tokens
+    assert (best["max_num_batched_tokens"] == tokens) == (len(best["outside_space"]) == 1)
+    assert grid["verdict"].startswith(f"better than this study's winner ({winner:.2f} req/s on the same seed)")
+    assert "outside the study's search space: max_num_seqs" in grid["verdict"] and "Widen" in grid["verdict"]
+
+
+def test_the_grid_verdict_tells_a_missed_point_from_a_less_robust_one():
+    space = parse_space({"max_num_seqs": {"low": 8, "high": 256}, "max_num_batched_tokens": [2048, 8192]}, CURRENT)
+    assert space.outside(CURRENT, {"max_num_seqs": 128, "max_num_batched_tokens": 2048}) == []
+    assert space.outside(CURRENT, {"max_num_seqs": 512, "max_num_batched_tokens": 4096}) == [
+        "max_num_seqs 512 (the study searched 8–256)", "max_num_batched_tokens 4096 (the study searched 2048, 8192)"]
+
+    def grid(score):
+        return {"points": 20, "best": {"max_num_seqs": 128, "max_num_batched_tokens": 2048, "goodput": score,
+                                       "score": score, "outside_space": []}}
+
+    assert S.grid_against(grid(9.0), 10.0, 11.0)["verdict"] == "not better than this study's winner (10.00 req/s)"
+    assert "inside the study's search space that its trials did not find" in S.grid_against(grid(12.0), 10.0,
+                                                                                            11.0)["verdict"]
+    verdict = S.grid_against(grid(10.5), 10.0, 11.0, "req/s per GPU")["verdict"]
+    assert "winner (10.00 req/s per GPU on the same seed); the trials found as good (11.00 req/s per GPU)" in verdict
+    assert S.grid_against({"points": 0, "best": None}, 10.0) == {"points": 0, "best": None}
+
+
 # ---------------------------------------------------------------------------------------------- the workload
 def test_the_traffic_workload_matches_the_stored_rows(store):
     """Rows with known arrival process and lengths: the workload's rate, burstiness, peak, joint lengths and

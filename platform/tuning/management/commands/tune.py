@@ -62,7 +62,7 @@ def report_lines(study: TuningStudy) -> list[str]:
             g = grid["best"]
             lines.append(f"  auto_tune.sh-style grid ({grid['points']} points of max_num_seqs × "
                          f"max_num_batched_tokens): best {_fmt(g['goodput'])} req/s at {g['max_num_seqs']} / "
-                         f"{g['max_num_batched_tokens']}")
+                         f"{g['max_num_batched_tokens']}" + (f": {grid['verdict']}" if grid.get("verdict") else ""))
         if data.get("importances"):
             lines.append("  importances: " + ", ".join(f"{k} {v:.2f}" for k, v in data["importances"].items()))
     confirmation = data.get("confirmation") or {}
