@@ -70,10 +70,17 @@ def test_streaming_measurements_match_the_server_pace(endpoint):
         # And the server kept its pace: first token at >= 50 ms, then 10 ms apart on average.
         assert record.ttft_ms >= 49.0 and record.e2e_ms >= 239.0
     assert statistics.median(delays_ms) <= 5.0
-    # The known pace, robust to a stall of the (shared, 2-core) machine hitting a few values.
-    assert 49.0 <= statistics.median(r.ttft_ms for r in result.records) <= 80.0
-    assert 8.0 <= statistics.median(gap for r in result.records for gap in r.itl_ms) <= 12.5
-    assert 8.0 <= statistics.median(r.tpot_ms for r in result.records) <= 13.0
+    # Each figure is what the server did, however late the (shared, 2-core) machine let it write (a CI run saw
+    # the fake server's first token at 165 ms, not 50): TTFT from the request's start to the server's first write,
+    # ITL the gaps between its writes, TPOT their mean.
+    written = {r.span_id: served[r.span_id].chunk_ns for r in result.records}
+    server_ttft = [(written[r.span_id][0] - spans[r.span_id].start_time) / 1e6 for r in result.records]
+    assert -0.5 <= statistics.median(r.ttft_ms for r in result.records) - statistics.median(server_ttft) <= 5.0
+    server_gaps = [(b - a) / 1e6 for chunks in written.values() for a, b in zip(chunks, chunks[1:])]
+    client_gaps = [gap for r in result.records for gap in r.itl_ms]
+    assert abs(statistics.median(client_gaps) - statistics.median(server_gaps)) <= 2.5
+    server_tpot = [(chunks[-1] - chunks[0]) / 1e6 / 19 for chunks in written.values()]
+    assert abs(statistics.median(r.tpot_ms for r in result.records) - statistics.median(server_tpot)) <= 1.0
     bodies = [r.body for r in server.received]
     assert all(b["max_tokens"] == 20 and b["ignore_eos"] is True and b["stream"] is True for b in bodies)
     assert all(b["stream_options"] == {"include_usage": True} for b in bodies)
