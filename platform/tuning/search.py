@@ -325,21 +325,23 @@ def grid_baseline(problem: Problem, budget: int) -> dict[str, Any]:
 
 
 def grid_against(grid: dict[str, Any], winner_score: float, search_best: float | None = None,
-                 unit: str = "req/s") -> dict[str, Any]:
-    """The auto_tune.sh-style grid's best, with a verdict against the study's winner (scores on the study's seed):
-    where the grid does better, whether its point lies outside the study's search space (widen it), inside but
-    beyond what the trials found (more trials), or as good as a trial the seed re-scoring ranked below the winner."""
+                 unit: str = "req/s", precision: float = 0.0) -> dict[str, Any]:
+    """The auto_tune.sh-style grid's best, with a verdict against the study's winner (scores on the study's seed;
+    better only by more than the goodput search's ``precision``): where the grid does better, whether its point
+    lies outside the study's search space (widen it), inside but beyond what the trials found (more trials), or
+    as good as a trial the seed re-scoring ranked below the winner."""
     best = grid.get("best")
     if not best:
         return grid
     search_best = max(search_best or 0.0, winner_score)
+    beats = lambda score: best["score"] > score * (1.0 + precision)  # noqa: E731
     than = f"better than this study's winner ({winner_score:.2f} {unit} on the same seed)"
-    if best["score"] <= winner_score:
-        grid["verdict"] = f"not better than this study's winner ({winner_score:.2f} {unit})"
+    if not beats(winner_score):
+        grid["verdict"] = f"no better than this study's winner ({winner_score:.2f} {unit})"
     elif best.get("outside_space"):
         grid["verdict"] = (f"{than}, at a point outside the study's search space: {'; '.join(best['outside_space'])}"
                            ". Widen the space to search there")
-    elif best["score"] > search_best:
+    elif beats(search_best):
         grid["verdict"] = f"{than}, at a point inside the study's search space that its trials did not find: more " \
                           "trials may"
     else:

@@ -587,7 +587,8 @@ def _rescore(study: TuningStudy, problem: S.Problem, ostudy, result: dict) -> di
         explanation=explanation,
         grid_baseline=S.grid_against(S.grid_baseline(problem, study.trials), winner["score"],
                                      max(c["score"] for c in candidates),
-                                     "req/s per GPU" if problem.objective == "goodput_per_gpu" else "req/s"),
+                                     "req/s per GPU" if problem.objective == "goodput_per_gpu" else "req/s",
+                                     problem.precision),
         replicas_for_peak=(math.ceil(problem.workload.peak_rate / winner["goodput"]) if winner["goodput"] > 0
                            else None),
     )
