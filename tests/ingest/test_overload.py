@@ -50,7 +50,9 @@ def test_sustained_overload_keeps_memory_flat_pushes_back_and_stores_every_acked
         senders = Senders(platform.port, key, senders=4, retry_delay=0.1).start()
         worst_backlog = 0
         refusing_seen = None
-        deadline = time.monotonic() + 60
+        # 90 s, the slope taken over the last 60: over a 30 s window one late level shift (1000 -> 1240 MiB at
+        # 58 s in a loaded CI run) tilted even the Theil-Sen slope past the limit.
+        deadline = time.monotonic() + 90
         while time.monotonic() < deadline:
             state = readyz(platform)
             worst_backlog = max(worst_backlog, state["backlog_bytes"])
@@ -68,8 +70,8 @@ def test_sustained_overload_keeps_memory_flat_pushes_back_and_stores_every_acked
         assert worst_backlog < 2 * int(SMALL_BOUNDS["INGEST_BACKLOG_MAX_BYTES"]), worst_backlog
         # Unbounded, RSS grew ~2,500 MiB/min (41 MiB/s) here; bounded, it wobbles by ±100 MiB around a level
         # reached in the first ~20 s (allocations come and go with each insert and chunk).
-        slope = rss.slope_mib_per_min()
-        assert slope < 360, f"RSS grew {slope:.0f} MiB/min in the second half: {rss.samples[::10]}"
+        slope = rss.slope_mib_per_min(since_fraction=1 / 3)
+        assert slope < 360, f"RSS grew {slope:.0f} MiB/min over the last 60 s: {rss.samples[::10]}"
         platform.wait_idle(120)
         assert readyz(platform)["backpressure"] is None
         lag_count = metric_value(metrics_text(platform), "observatory_ingest_queryable_lag_seconds_count")
@@ -78,7 +80,7 @@ def test_sustained_overload_keeps_memory_flat_pushes_back_and_stores_every_acked
         platform.stop(cleanup=False)
     assert_stored_exactly_once(str(Path(platform.data_dir) / "chdb"), senders.acked)
     print(f"overload: {len(senders.acked)} traces acked, {senders.refusals()} refusals, RSS peak "
-          f"{rss.peak():.0f} MiB, slope {slope:.0f} MiB/min in the second half")
+          f"{rss.peak():.0f} MiB, slope {slope:.0f} MiB/min over the last 60 s")
 
 
 @pytest.mark.parametrize("cycles", [10])
