@@ -1,6 +1,7 @@
 """The replica's ``llm_request`` span is vLLM's: name, kind, parent, attributes, resource, and honest latencies."""
 from __future__ import annotations
 
+import statistics
 import time
 
 import pytest
@@ -108,21 +109,27 @@ def test_greedy_request_has_no_temperature_and_no_parent_without_traceparent(rep
 
 def test_streamed_latencies_match_what_the_client_measured(replica_and_spans):
     replica, exporter = replica_and_spans
-    result = stream(replica.url + "/v1/completions",
-                    {"prompt": "Measure me " * 50, "max_tokens": 40, "ignore_eos": True, "stream": True})
-    assert result.status == 200 and result.first_content is not None
-    span = _span_for(exporter, result.events[0]["id"])
-    attributes = span.attributes
-    client_ttft = result.first_content - result.started
-    client_total = result.finished - result.started
-    ttft = attributes["gen_ai.latency.time_to_first_token"]
-    e2e = attributes["gen_ai.latency.e2e"]
-    # The replica stamps the first token when it writes the chunk: the client sees it a little later
-    # (connect + loopback), never materially earlier.
-    assert ttft <= client_ttft + 0.005
-    assert client_ttft - ttft < 0.025
-    assert e2e <= client_total + 0.005
-    assert client_total - e2e < 0.025
+    ttft_gaps, e2e_gaps = [], []
+    for _ in range(3):
+        result = stream(replica.url + "/v1/completions",
+                        {"prompt": "Measure me " * 50, "max_tokens": 40, "ignore_eos": True, "stream": True})
+        assert result.status == 200 and result.first_content is not None
+        attributes = _span_for(exporter, result.events[0]["id"]).attributes
+        client_ttft = result.first_content - result.started
+        client_total = result.finished - result.started
+        ttft = attributes["gen_ai.latency.time_to_first_token"]
+        e2e = attributes["gen_ai.latency.e2e"]
+        # The replica stamps the first token when it writes the chunk: the client sees it a little later
+        # (connect + loopback), never earlier.
+        assert ttft <= client_ttft + 0.005
+        assert e2e <= client_total + 0.005
+        ttft_gaps.append(client_ttft - ttft)
+        e2e_gaps.append(client_total - e2e)
+    # Nor materially later, request after request (the median of three: a CI run on a loaded machine saw one
+    # request reach the replica's thread 173 ms after the client sent it; an under-report by the replica would
+    # show in every request).
+    assert statistics.median(ttft_gaps) < 0.025, ttft_gaps
+    assert statistics.median(e2e_gaps) < 0.025, e2e_gaps
 
 
 def test_e2e_decomposes_into_overhead_queue_prefill_decode(replica_and_spans):
