@@ -134,20 +134,24 @@ def test_streamed_latencies_match_what_the_client_measured(replica_and_spans):
 
 def test_e2e_decomposes_into_overhead_queue_prefill_decode(replica_and_spans):
     replica, exporter = replica_and_spans
-    result = stream(replica.url + "/v1/chat/completions",
-                    {"messages": [{"role": "user", "content": "decompose " * 300}], "max_tokens": 20,
-                     "ignore_eos": True, "stream": True})
-    span = _span_for(exporter, result.events[0]["id"])
-    a = span.attributes
-    queue, prefill, decode = (a["gen_ai.latency.time_in_queue"], a["gen_ai.latency.time_in_model_prefill"],
-                              a["gen_ai.latency.time_in_model_decode"])
-    overhead = a["gen_ai.latency.e2e"] - (queue + prefill + decode)
-    # vLLM's API-server overhead (input processing, detokenisation, writes): positive and a few ms.
-    assert 0 < overhead < 0.05
-    assert prefill > 0 and decode > 0
-    assert a["gen_ai.latency.time_in_model_inference"] == pytest.approx(prefill + decode, abs=1e-9)
-    # The first token cannot reach the client before queue + prefill.
-    assert a["gen_ai.latency.time_to_first_token"] >= queue + prefill
+    overheads = []
+    for _ in range(3):
+        result = stream(replica.url + "/v1/chat/completions",
+                        {"messages": [{"role": "user", "content": "decompose " * 300}], "max_tokens": 20,
+                         "ignore_eos": True, "stream": True})
+        a = _span_for(exporter, result.events[0]["id"]).attributes
+        queue, prefill, decode = (a["gen_ai.latency.time_in_queue"], a["gen_ai.latency.time_in_model_prefill"],
+                                  a["gen_ai.latency.time_in_model_decode"])
+        overhead = a["gen_ai.latency.e2e"] - (queue + prefill + decode)
+        assert overhead > 0
+        assert prefill > 0 and decode > 0
+        assert a["gen_ai.latency.time_in_model_inference"] == pytest.approx(prefill + decode, abs=1e-9)
+        # The first token cannot reach the client before queue + prefill.
+        assert a["gen_ai.latency.time_to_first_token"] >= queue + prefill
+        overheads.append(overhead)
+    # vLLM's API-server overhead (input processing, detokenisation, writes): a few ms, request after request (the
+    # median of three: a CI run on a loaded machine saw one request's overhead at 102 ms).
+    assert statistics.median(overheads) < 0.05, overheads
 
 
 def test_replica_tracer_provider_resource(monkeypatch):
