@@ -334,14 +334,14 @@ def grid_against(grid: dict[str, Any], winner_score: float, search_best: float |
     if not best:
         return grid
     search_best = max(search_best or 0.0, winner_score)
-    beats = lambda score: best["score"] > score * (1.0 + precision)  # noqa: E731
+    better_than = best["score"] / (1.0 + precision)  # any score below this, the grid's best beats
     than = f"better than this study's winner ({winner_score:.2f} {unit} on the same seed)"
-    if not beats(winner_score):
+    if winner_score >= better_than:
         grid["verdict"] = f"no better than this study's winner ({winner_score:.2f} {unit})"
     elif best.get("outside_space"):
         grid["verdict"] = (f"{than}, at a point outside the study's search space: {'; '.join(best['outside_space'])}"
                            ". Widen the space to search there")
-    elif beats(search_best):
+    elif search_best < better_than:
         grid["verdict"] = f"{than}, at a point inside the study's search space that its trials did not find: more " \
                           "trials may"
     else:
