@@ -55,10 +55,23 @@ class Measure:
     spec_acceptance: float | None
     prefix_hit_rate: float
     throughput: float
+    # Per SLO threshold (ttft_ms / tpot_ms / e2e_ms), over the scored requests: the value at the target share
+    # (the 95th percentile for a 95% target, of the requests it applies to: TPOT needs two output tokens; None
+    # when too many are refused or unfinished) and the share of the scored requests over the threshold (a refused
+    # or unfinished request counts against every threshold).
+    at_target: dict[str, float | None] = dataclasses.field(default_factory=dict)
+    over: dict[str, float] = dataclasses.field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        return {k: (None if isinstance(v, float) and not math.isfinite(v) else
-                    round(v, 4) if isinstance(v, float) else v) for k, v in dataclasses.asdict(self).items()}
+        return {k: _rounded(v) for k, v in dataclasses.asdict(self).items()}
+
+
+def _rounded(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _rounded(v) for k, v in value.items()}
+    if isinstance(value, float):
+        return round(value, 4) if math.isfinite(value) else None
+    return value
 
 
 def measure(config: EngineConfig, workload: Workload, slo: Slo, rate: float, *, count: int = 600,
@@ -75,6 +88,7 @@ def measure(config: EngineConfig, workload: Workload, slo: Slo, rate: float, *, 
     good = scored = 0
     ttft, tpot, e2e = [], [], []
     limits = slo.thresholds
+    scored_values: dict[str, list[float]] = {metric: [] for metric in limits}
     for index, request in enumerate(requests):
         done = id(request) not in rejected and request.finish_reason == "length" \
             and request.first_token_time is not None
@@ -90,7 +104,12 @@ def measure(config: EngineConfig, workload: Workload, slo: Slo, rate: float, *, 
             continue
         scored += 1
         if not done:
+            for values in scored_values.values():
+                values.append(math.inf)
             continue
+        for metric, value in (("ttft_ms", first), ("tpot_ms", per_token), ("e2e_ms", total)):
+            if metric in scored_values and value is not None:
+                scored_values[metric].append(value)
         ok = first <= limits.get("ttft_ms", math.inf) and total <= limits.get("e2e_ms", math.inf) and (
             per_token is None or per_token <= limits.get("tpot_ms", math.inf))
         good += ok
@@ -101,7 +120,11 @@ def measure(config: EngineConfig, workload: Workload, slo: Slo, rate: float, *, 
                    mean_prefill_ms=s.mean_prefill_ms, mean_decode_ms=s.mean_decode_ms,
                    preemptions=s.num_preemptions, mean_kv_usage=s.mean_kv_cache_usage,
                    max_kv_usage=s.max_kv_cache_usage, spec_acceptance=s.spec_acceptance_rate,
-                   prefix_hit_rate=s.prefix_cache_hit_rate, throughput=s.request_throughput)
+                   prefix_hit_rate=s.prefix_cache_hit_rate, throughput=s.request_throughput,
+                   at_target={metric: percentile(sorted(values), slo.target * 100) if values else math.nan
+                              for metric, values in scored_values.items()},
+                   over={metric: sum(v > limits[metric] for v in values) / scored if scored else 0.0
+                         for metric, values in scored_values.items()})
 
 
 def _hopeless(scored: list, slo: Slo):

@@ -27,7 +27,7 @@ import optuna
 
 from engine.config import EngineConfig
 
-from .goodput import Goodput, Slo, goodput, measure
+from .goodput import Goodput, Measure, Slo, goodput, measure
 from .space import Space, check, distance
 from .workload import Workload
 
@@ -258,9 +258,55 @@ def explain(problem: Problem, current: EngineConfig, winner: EngineConfig, rate:
         fmt = lambda v: "off" if v is None else f"{v:.0%} accepted"  # noqa: E731
         reasons.append(f"speculative decoding {fmt(a.spec_acceptance)} → {fmt(b.spec_acceptance)}")
     reasons.append(f"SLO attainment at {rate:.2f} req/s {a.attainment:.1%} → {b.attainment:.1%}")
+    limits = slo_limits(problem.slo, a, b)
+    if limits:
+        reasons.append(_limit_sentence(problem.slo, limits, rate))
     return {"rate": round(rate, 4), "current": a.to_dict(), "best": b.to_dict(), "components": changes,
-            "reasons": reasons,
+            "reasons": reasons, "limits": limits, "quantile": quantile_label(problem.slo.target),
             "diff": {k: {"current": v[1], "best": v[0]} for k, v in winner.diff(current).items()}}
+
+
+SLO_LABELS = {"ttft_ms": "TTFT", "tpot_ms": "TPOT", "e2e_ms": "e2e"}
+
+
+def quantile_label(target: float) -> str:
+    """The percentile a target share reads as: 0.95 → p95, 0.999 → p99.9."""
+    return f"p{round(target * 100, 3):g}"
+
+
+def slo_limits(slo: Slo, current: Measure, best: Measure) -> list[dict[str, Any]]:
+    """Each SLO threshold against both configs' value at the target share (the 95th percentile for 95%), the
+    nearest to its threshold in the current config first: the first is what limits the current config's
+    goodput (``binding``); the others say how much room each leaves."""
+    rows = []
+    for metric, threshold in slo.thresholds.items():
+        now, then = current.at_target.get(metric), best.at_target.get(metric)
+        rows.append({"slo": metric, "threshold_ms": threshold,
+                     "current_ms": None if now is None or not math.isfinite(now) else round(now, 2),
+                     "best_ms": None if then is None or not math.isfinite(then) else round(then, 2),
+                     "current_over": round(current.over.get(metric, 0.0), 4),
+                     "best_over": round(best.over.get(metric, 0.0), 4)})
+    # Unmet (None) sorts first: nothing is nearer its threshold than a share of requests that never finished.
+    rows.sort(key=lambda row: -math.inf if row["current_ms"] is None else -row["current_ms"] / row["threshold_ms"])
+    for index, row in enumerate(rows):
+        row["binding"] = index == 0
+    return rows
+
+
+def _ms(value: float | None) -> str:
+    return "not reached (too many requests unfinished)" if value is None else f"{value:.1f} ms"
+
+
+def _limit_sentence(slo: Slo, limits: list[dict[str, Any]], rate: float) -> str:
+    q = quantile_label(slo.target)
+    first = limits[0]
+    name = SLO_LABELS.get(first["slo"], first["slo"])
+    text = (f"{name} limits the current config's goodput: at {rate:.2f} req/s its {q} {name} is "
+            f"{_ms(first['current_ms'])} against {first['threshold_ms']:g} ms, and {_ms(first['best_ms'])} "
+            f"with the winner")
+    rest = [f"{SLO_LABELS.get(row['slo'], row['slo'])} {_ms(row['current_ms'])} of {row['threshold_ms']:g} ms"
+            for row in limits[1:]]
+    return text + (f" (the current config's other {q}s: " + ", ".join(rest) + ")" if rest else "")
 
 
 def importances(study: optuna.Study) -> dict[str, float]:

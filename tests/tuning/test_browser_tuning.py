@@ -88,6 +88,8 @@ def test_start_watch_read_and_propose_a_study_in_the_browser(browser, live, shot
     assert "synthetic:chat" in page.locator("[data-testid=workload]").inner_text()
     assert "≤ 300 ms" in page.locator("[data-testid=slo]").inner_text()
     assert page.locator("[data-testid=reasons] li").count() >= 1
+    assert page.locator("[data-testid=limits] tbody tr").count() == 2
+    assert page.locator("[data-testid=limits] tr.binding").count() == 1
     assert "max_num_seqs" in page.locator("[data-testid=diff]").inner_text()
     assert page.locator("[data-testid=importances] tr").count() >= 2
     assert page.locator("[data-testid=pareto] circle").count() >= 1

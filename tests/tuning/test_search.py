@@ -62,6 +62,38 @@ def test_goodput_in_the_simulator_matches_its_definition():
     assert narrow.goodput < result.goodput / 4
 
 
+def test_each_slos_percentile_and_share_over_agree_with_the_attainment():
+    """Per threshold, the share of requests over it and its value at the target share: with one threshold the
+    share over it is exactly the share of bad requests; with two, the bad share lies between the larger share
+    and their sum; a percentile over its threshold means more than the rest are over it."""
+    workload = synthetic("chat")
+    one = G.measure(CURRENT, workload, G.Slo({"tpot_ms": 20}, 0.95), 45, count=300)
+    assert 0 < one.over["tpot_ms"] == pytest.approx(1 - one.attainment)
+    assert (one.at_target["tpot_ms"] > 20) == (one.over["tpot_ms"] > 0.05)
+    two = G.measure(CURRENT, workload, G.Slo({"ttft_ms": 60, "tpot_ms": 20}, 0.95), 45, count=300)
+    bad = 1 - two.attainment
+    assert max(two.over.values()) - 1e-9 <= bad <= sum(two.over.values()) + 1e-9
+    assert set(two.at_target) == {"ttft_ms", "tpot_ms"} and set(two.to_dict()["over"]) == {"ttft_ms", "tpot_ms"}
+
+
+@pytest.mark.parametrize("thresholds, binding", [({"ttft_ms": 200, "tpot_ms": 20}, "tpot_ms"),
+                                                 ({"ttft_ms": 40, "tpot_ms": 60}, "ttft_ms")])
+def test_the_explanation_names_the_slo_that_limits_goodput(thresholds, binding):
+    """Chat on an H100 at its goodput: with a tight TPOT and a loose TTFT, TPOT is what stops the rate rising;
+    with the reverse, TTFT is. The explanation puts that SLO first, with both configs' 95th percentiles."""
+    slo = G.Slo(thresholds, 0.95)
+    problem = S.Problem(CURRENT, parse_space(None, CURRENT), synthetic("chat"), slo, count=300)
+    rate = G.goodput(CURRENT, problem.workload, slo, count=300).goodput
+    explanation = S.explain(problem, CURRENT, CURRENT.replace(kv_cache_dtype="fp8"), rate)
+    first, other = explanation["limits"]
+    assert first["slo"] == binding and first["binding"] and not other["binding"]
+    assert first["current_ms"] / first["threshold_ms"] > other["current_ms"] / other["threshold_ms"]
+    assert first["current_ms"] <= first["threshold_ms"] * 1.05  # at its goodput the current config just holds
+    assert explanation["quantile"] == "p95"
+    name = {"ttft_ms": "TTFT", "tpot_ms": "TPOT"}[binding]
+    assert any(r.startswith(f"{name} limits the current config's goodput") for r in explanation["reasons"])
+
+
 @pytest.mark.parametrize("kind", ["chat", "rag"])
 def test_stopping_hopeless_runs_early_changes_no_goodput(kind):
     """A failing run stops once the target is out of reach: the same goodput as running every rate to its end,

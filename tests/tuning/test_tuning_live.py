@@ -30,6 +30,10 @@ def test_tune_finds_a_better_config_confirms_it_on_replicas_and_proposes_it(live
     queue = next(c for c in explanation["components"] if c["component"] == "queue")
     assert queue["best_ms"] < queue["current_ms"]
     assert "max_num_seqs" in explanation["diff"] and result["importances"]
+    # And which SLO stops the current config's rate rising: one of the two thresholds, named in the CLI's output.
+    limits = explanation["limits"]
+    assert {row["slo"] for row in limits} == {"ttft_ms", "tpot_ms"} and [row["binding"] for row in limits] == [True, False]
+    assert "limits the current config's goodput" in text
     assert result["pareto"] and all("ttft_p99_ms" in p for p in result["pareto"])
     # Confirmed on real-time replicas: a paired regression run, both arms measured beside the prediction.
     confirmation = result["confirmation"]
