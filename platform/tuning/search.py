@@ -281,9 +281,11 @@ def slo_limits(slo: Slo, current: Measure, best: Measure) -> list[dict[str, Any]
     rows = []
     for metric, threshold in slo.thresholds.items():
         now, then = current.at_target.get(metric), best.at_target.get(metric)
+        if metric not in current.at_target or (not _finite(now) and not current.over.get(metric)):
+            continue  # no request it applies to (a TPOT threshold when every answer is one token)
         rows.append({"slo": metric, "threshold_ms": threshold,
-                     "current_ms": None if now is None or not math.isfinite(now) else round(now, 2),
-                     "best_ms": None if then is None or not math.isfinite(then) else round(then, 2),
+                     "current_ms": round(now, 2) if _finite(now) else None,
+                     "best_ms": round(then, 2) if _finite(then) else None,
                      "current_over": round(current.over.get(metric, 0.0), 4),
                      "best_over": round(best.over.get(metric, 0.0), 4)})
     # Unmet (None) sorts first: nothing is nearer its threshold than a share of requests that never finished.
@@ -291,6 +293,10 @@ def slo_limits(slo: Slo, current: Measure, best: Measure) -> list[dict[str, Any]
     for index, row in enumerate(rows):
         row["binding"] = index == 0
     return rows
+
+
+def _finite(value: float | None) -> bool:
+    return value is not None and math.isfinite(value)
 
 
 def _ms(value: float | None) -> str:
