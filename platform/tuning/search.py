@@ -295,6 +295,26 @@ def slo_limits(slo: Slo, current: Measure, best: Measure) -> list[dict[str, Any]
     return rows
 
 
+def idle_misses(problem: Problem, config: EngineConfig) -> tuple[float, list[str]]:
+    """For SLOs no config meets: ``config`` nearly idle (1/256 of the workload's rate, where the goodput search
+    gives up) and each threshold its value at the target share still misses, e.g. "p95 TTFT 228.7 ms against 1
+    ms": what no batching can buy back."""
+    rate = max((problem.workload.rate or 1.0) / 256, 0.005)
+    m = measure(config, problem.workload, problem.slo, rate, count=min(problem.count, 200), seed=problem.seed)
+    q = quantile_label(problem.slo.target)
+    misses = []
+    for metric, threshold in problem.slo.thresholds.items():
+        value = m.at_target.get(metric)
+        if not _finite(value):
+            value = None  # too many unfinished, or (with nothing over) no request the threshold applies to
+            if not m.over.get(metric):
+                continue
+        elif value <= threshold:
+            continue
+        misses.append(f"{q} {SLO_LABELS.get(metric, metric)} {_ms(value)} against {threshold:g} ms")
+    return rate, misses
+
+
 def _finite(value: float | None) -> bool:
     return value is not None and math.isfinite(value)
 

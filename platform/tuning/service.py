@@ -562,9 +562,16 @@ def _rescore(study: TuningStudy, problem: S.Problem, ostudy, result: dict) -> di
     if not candidates or max(c["goodput"] for c in candidates) <= 0:
         best_attainment = max([t.user_attrs.get("best_attainment", 0.0) for t in trials]
                               + [current.get("best_attainment") or 0.0])
+        # What the closest config still misses nearly idle: the threshold no batching can buy back.
+        closest = max(trials, key=lambda t: t.user_attrs.get("best_attainment", 0.0), default=None)
+        config = EngineConfig.from_dict(closest.user_attrs["config"]) if closest else problem.current
+        rate, misses = S.idle_misses(problem, config)
+        which = f"trial {closest.number}" if closest else "the current config"
+        idle = f"; nearly idle ({rate:.3g} req/s) the closest config ({which}) still has {', '.join(misses)}" \
+            if misses else ""
         out.update(infeasible=True, best=None, message=(
             f"no configuration meets the SLOs ({_slo_words(problem.slo)}) for {problem.slo.target:.1%} of requests "
-            f"at any rate: the best attainment reached was {best_attainment:.1%}. Relax the thresholds or the "
+            f"at any rate: the best attainment reached was {best_attainment:.1%}{idle}. Relax the thresholds or the "
             "target share, or change hardware/model"))
         return out
     rescored = S.robust(problem, candidates + [{"trial": None, "config": current["config"],
