@@ -302,17 +302,9 @@ def idle_misses(problem: Problem, config: EngineConfig) -> tuple[float, list[str
     rate = max((problem.workload.rate or 1.0) / 256, 0.005)
     m = measure(config, problem.workload, problem.slo, rate, count=min(problem.count, 200), seed=problem.seed)
     q = quantile_label(problem.slo.target)
-    misses = []
-    for metric, threshold in problem.slo.thresholds.items():
-        value = m.at_target.get(metric)
-        if not _finite(value):
-            value = None  # too many unfinished, or (with nothing over) no request the threshold applies to
-            if not m.over.get(metric):
-                continue
-        elif value <= threshold:
-            continue
-        misses.append(f"{q} {SLO_LABELS.get(metric, metric)} {_ms(value)} against {threshold:g} ms")
-    return rate, misses
+    return rate, [f"{q} {SLO_LABELS.get(row['slo'], row['slo'])} {_ms(row['current_ms'])} against "
+                  f"{row['threshold_ms']:g} ms" for row in slo_limits(problem.slo, m, m)
+                  if row["current_ms"] is None or row["current_ms"] > row["threshold_ms"]]
 
 
 def _finite(value: float | None) -> bool:
