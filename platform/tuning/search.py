@@ -260,7 +260,7 @@ def explain(problem: Problem, current: EngineConfig, winner: EngineConfig, rate:
     reasons.append(f"SLO attainment at {rate:.2f} req/s {a.attainment:.1%} → {b.attainment:.1%}")
     limits = slo_limits(problem.slo, a, b)
     if limits:
-        reasons.append(_limit_sentence(problem.slo, limits, rate))
+        reasons.append(limit_sentence(problem.slo, limits, rate))
     return {"rate": round(rate, 4), "current": a.to_dict(), "best": b.to_dict(), "components": changes,
             "reasons": reasons, "limits": limits, "quantile": quantile_label(problem.slo.target),
             "diff": {k: {"current": v[1], "best": v[0]} for k, v in winner.diff(current).items()}}
@@ -302,9 +302,13 @@ def idle_misses(problem: Problem, config: EngineConfig) -> tuple[float, list[str
     rate = max((problem.workload.rate or 1.0) / 256, 0.005)
     m = measure(config, problem.workload, problem.slo, rate, count=min(problem.count, 200), seed=problem.seed)
     q = quantile_label(problem.slo.target)
-    return rate, [f"{q} {SLO_LABELS.get(row['slo'], row['slo'])} {_ms(row['current_ms'])} against "
+    return rate, [f"{q} {_name(row['slo'])} {_ms(row['current_ms'])} against "
                   f"{row['threshold_ms']:g} ms" for row in slo_limits(problem.slo, m, m)
                   if row["current_ms"] is None or row["current_ms"] > row["threshold_ms"]]
+
+
+def _name(metric: str) -> str:
+    return SLO_LABELS.get(metric, metric)
 
 
 def _finite(value: float | None) -> bool:
@@ -315,14 +319,15 @@ def _ms(value: float | None) -> str:
     return "not reached (too many requests unfinished)" if value is None else f"{value:.1f} ms"
 
 
-def _limit_sentence(slo: Slo, limits: list[dict[str, Any]], rate: float) -> str:
+def limit_sentence(slo: Slo, limits: list[dict[str, Any]], rate: float) -> str:
+    """``slo_limits``' rows in words: the binding SLO with both configs' value, then the others' room."""
     q = quantile_label(slo.target)
     first = limits[0]
-    name = SLO_LABELS.get(first["slo"], first["slo"])
+    name = _name(first["slo"])
     text = (f"{name} limits the current config's goodput: at {rate:.2f} req/s its {q} {name} is "
             f"{_ms(first['current_ms'])} against {first['threshold_ms']:g} ms, and {_ms(first['best_ms'])} "
             f"with the winner")
-    rest = [f"{SLO_LABELS.get(row['slo'], row['slo'])} {_ms(row['current_ms'])} of {row['threshold_ms']:g} ms"
+    rest = [f"{_name(row['slo'])} {_ms(row['current_ms'])} of {row['threshold_ms']:g} ms"
             for row in limits[1:]]
     return text + (f" (the current config's other {q}s: " + ", ".join(rest) + ")" if rest else "")
 

@@ -131,12 +131,9 @@ def study_figures(kind: str, trials: int, storage_dir: Path, workers: int) -> No
     explanation = S.explain(problem, default, EngineConfig.from_dict(winner["config"]), base["robust_score"])
     limits = explanation["limits"]
     if limits:
-        first, q = limits[0], S.quantile_label(slo.target)
         where = "the defaults' goodput" if base["robust_score"] > 0 else "the workload's rate (the defaults meet none)"
-        print(f"BENCH tuning_{_label(kind)}_limiting_slo={S.SLO_LABELS[first['slo']]} (at {where}, "
-              f"{explanation['rate']:.2f} req/s: {q} {first['current_ms']} ms with the defaults, {first['best_ms']} ms "
-              f"tuned, of {first['threshold_ms']:g} ms; the others' {q}: " + ", ".join(
-                  f"{S.SLO_LABELS[r['slo']]} {r['current_ms']} of {r['threshold_ms']:g} ms" for r in limits[1:]) + ")")
+        print(f"BENCH tuning_{_label(kind)}_limiting_slo={S.SLO_LABELS[limits[0]['slo']]} (at {where}; the defaults "
+              f"are the current config: {S.limit_sentence(slo, limits, explanation['rate'])})")
     print(f"BENCH tuning_{_label(kind)}_study_wall_s={wall:.1f} s ({len(S.valid_trials(study))} trials on {workers} "
           f"worker processes; search {searched:.1f} s, re-scoring {wall - searched:.1f} s)")
     print(f"BENCH tuning_{_label(kind)}_refused_configs={sum(1 for t in study.trials if t.user_attrs.get('valid') is False)} "
