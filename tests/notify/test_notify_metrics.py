@@ -96,8 +96,9 @@ def test_deliveries_attempts_and_durations_after_real_deliveries(client, project
     webhook_seconds = deltas(before, after, "observatory_notify_delivery_attempt_seconds_sum")[(("kind", "webhook"),)]
     assert 1.0 <= webhook_seconds < 10  # two timeouts at the 0.5 s read timeout, two quick answers
     slow_bucket = deltas(before, after, "observatory_notify_delivery_attempt_seconds_bucket")
-    assert slow_bucket[(("kind", "webhook"), ("le", "0.25"))] == 2  # the quick ones; the timeouts took ≥ 0.5 s
-    assert slow_bucket[(("kind", "webhook"), ("le", "1.0"))] == 4
+    # The quick ones lie under the 0.5 s read timeout (even on a loaded machine: a local 200), the timeouts over it.
+    assert slow_bucket[(("kind", "webhook"), ("le", "0.5"))] == 2
+    assert slow_bucket[(("kind", "webhook"), ("le", "2.5"))] == 4
     assert value(after, "observatory_notify_backlog_deliveries", status="pending") == 1  # the slow one
 
 
