@@ -159,6 +159,27 @@ def platform_process():
 # OBSERVATORY_REQUIRE_VLLM=1 (set by .ci/run, which installs it): then its absence fails them. .ci/run runs them
 # in the embedded-mode suite only (OBSERVATORY_REAL_VLLM=0 in server mode): the two suites run side by side on
 # two cores, and two sets of vLLM processes would slow both; the vLLM path does not touch PostgreSQL or Redis.
+def wait_for_install(variable: str, target: str, timeout: float = 1800) -> None:
+    """.ci/run starts the suites while `make vllm` and `make stack` still run (the suites' first minutes need
+    neither), naming in ``variable`` the file each install writes its exit status to when it ends: wait for it,
+    and fail at once, pointing at the log, if the install failed. Without the variable (make test), return."""
+    import time
+    from pathlib import Path
+
+    path = os.environ.get(variable)
+    if not path:
+        return
+    status = Path(path)
+    deadline = time.monotonic() + timeout
+    while not status.exists():
+        if time.monotonic() > deadline:
+            pytest.fail(f"`make {target}` was still running after {timeout:.0f} s ({variable}={path})")
+        time.sleep(1)
+    code = status.read_text().strip()
+    if code != "0":
+        pytest.fail(f"`make {target}` failed (exit status {code}); its log is {status.with_suffix('.log')}")
+
+
 @pytest.fixture(scope="session")
 def real_vllm_executable() -> str:
     from pathlib import Path
@@ -167,6 +188,7 @@ def real_vllm_executable() -> str:
 
     if os.environ.get("OBSERVATORY_REAL_VLLM") == "0":
         pytest.skip("real vLLM runs in the embedded-mode suite (OBSERVATORY_REAL_VLLM=0 here)")
+    wait_for_install("OBSERVATORY_VLLM_INSTALL_STATUS", "vllm")
     executable = find_vllm_executable()
     if executable is None or not Path(executable).exists():
         message = "vLLM's CPU build is not installed: run `make vllm` (CI installs it)"
@@ -201,6 +223,7 @@ def stack_python() -> str:
 
     if os.environ.get("OBSERVATORY_REAL_STACK") == "0":
         pytest.skip("the real serving-stack tests run in the embedded-mode suite (OBSERVATORY_REAL_STACK=0 here)")
+    wait_for_install("OBSERVATORY_STACK_INSTALL_STATUS", "stack")
     python = Path(__file__).resolve().parents[1] / ".venv-stack" / "bin" / "python"
     if not python.exists():
         message = "the serving-stack packages are not installed: run `make stack` (CI installs them)"

@@ -43,7 +43,9 @@ def _receive_times_ns(record, span) -> list[float]:
 @pytest.mark.parametrize("endpoint", ["completions", "chat"])
 def test_streaming_measurements_match_the_server_pace(endpoint):
     provider, exporter = _tracing()
-    with FakeOpenAI(ttft=0.05, itl=0.01) as server:
+    # 30 ms between chunks: a client that took the second chunk for the first would be 30 ms late, far beyond what a
+    # stall of the loaded 2-core machine adds (a CI run's client saw the first chunk 8.5 ms after the server wrote it).
+    with FakeOpenAI(ttft=0.05, itl=0.03) as server:
         result = run_load_sync(_spec(server, endpoint=endpoint, rate=10.0, num_requests=6), tracer_provider=provider)
     assert result.summary.completed == 6 and result.summary.failed == 0
     spans = {format(s.context.span_id, "016x"): s for s in exporter.get_finished_spans()}
@@ -67,15 +69,15 @@ def test_streaming_measurements_match_the_server_pace(endpoint):
         assert min(delays) >= -0.5
         delays_ms.extend(delays)
         assert span.end_time >= server_side.eof_ns
-        # And the server kept its pace: first token at >= 50 ms, then 10 ms apart on average.
-        assert record.ttft_ms >= 49.0 and record.e2e_ms >= 239.0
+        # And the server kept its pace: first token at >= 50 ms, then 30 ms apart on average.
+        assert record.ttft_ms >= 49.0 and record.e2e_ms >= 619.0
     assert statistics.median(delays_ms) <= 5.0
     # Each figure is what the server did, however late the (shared, 2-core) machine let it write (a CI run saw
     # the fake server's first token at 165 ms, not 50): TTFT from the request's start to the server's first write,
     # ITL the gaps between its writes, TPOT their mean.
     written = {r.span_id: served[r.span_id].chunk_ns for r in result.records}
     server_ttft = [(written[r.span_id][0] - spans[r.span_id].start_time) / 1e6 for r in result.records]
-    assert -0.5 <= statistics.median(r.ttft_ms for r in result.records) - statistics.median(server_ttft) <= 5.0
+    assert -0.5 <= statistics.median(r.ttft_ms for r in result.records) - statistics.median(server_ttft) <= 15.0
     server_gaps = [(b - a) / 1e6 for chunks in written.values() for a, b in zip(chunks, chunks[1:])]
     client_gaps = [gap for r in result.records for gap in r.itl_ms]
     assert abs(statistics.median(client_gaps) - statistics.median(server_gaps)) <= 2.5

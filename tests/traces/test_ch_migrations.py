@@ -353,6 +353,8 @@ def chdb_tables(data_dir: Path) -> set[str]:
     return {line for line in out.stdout.split() if line}
 
 
+# In the embedded suite: the suites start together, and the server one ran about a minute and a half longer.
+@pytest.mark.mode_independent(suite="embedded")
 def test_migrate_clickhouse_command_check_plan_apply(tmp_path):
     data_dir = tmp_path / "data"
     data_dir.mkdir()
