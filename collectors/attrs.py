@@ -7,14 +7,16 @@ normaliser reads through these functions instead of trusting ``isinstance``.
 from __future__ import annotations
 
 import math
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
-from collectors.base import STATUS_ERROR, SpanView
+from collectors.base import SERVED_FROM, STATUS_ERROR, LLMCall, Role, SpanView
 
 _TRUE_WORDS = frozenset({"true", "1", "yes"})
 _FALSE_WORDS = frozenset({"false", "0", "no"})
 # No LLM call has two billion tokens: a larger count is a corrupt value, not a measurement.
 _MAX_COUNT = 2**31 - 1
+T = TypeVar("T")
 
 
 def as_float(value: Any) -> float | None:
@@ -90,22 +92,70 @@ def as_flag(value: Any) -> bool | None:
     return None
 
 
+def _first(attributes: dict[str, Any], keys: tuple[str, ...], parse: Callable[[Any], T | None]) -> T | None:
+    for key in keys:
+        value = parse(attributes.get(key))
+        if value is not None:
+            return value
+    return None
+
+
 def first_text(attributes: dict[str, Any], keys: tuple[str, ...]) -> str | None:
     """The first usable string among ``keys``, in order of preference."""
-    for key in keys:
-        text = as_text(attributes.get(key))
-        if text is not None:
-            return text
-    return None
+    return _first(attributes, keys, as_text)
 
 
 def first_count(attributes: dict[str, Any], keys: tuple[str, ...]) -> int | None:
     """The first usable count among ``keys``, in order of preference."""
-    for key in keys:
-        count = as_count(attributes.get(key))
-        if count is not None:
-            return count
-    return None
+    return _first(attributes, keys, as_count)
+
+
+def first_flag(attributes: dict[str, Any], keys: tuple[str, ...]) -> bool | None:
+    """The first usable flag among ``keys``, in order of preference."""
+    return _first(attributes, keys, as_flag)
+
+
+def cached_within(value: Any, prompt_tokens: int | None) -> int | None:
+    """A cached-prompt-token count read from ``value``, or None.
+
+    A count above the span's prompt count (when that is known) is DROPPED (None), not clamped: one of the two
+    figures is wrong and clamping would invent a 100 % hit. The span row keeps the raw attribute either way."""
+    cached = as_count(value)
+    return cached if cached is None or prompt_tokens is None or cached <= prompt_tokens else None
+
+
+def cached_count(attributes: dict[str, Any], keys: tuple[str, ...], prompt_tokens: int | None) -> int | None:
+    """The cached prompt tokens a span reports: the first present, usable count among ``keys`` (cached_within).
+    The per-span hot paths (vLLM, GenAI) read their keys inline instead."""
+    return cached_within(first_count(attributes, keys), prompt_tokens)
+
+
+# The platform gateway's response cache marks its SERVER span with these (engine/gateway).
+CACHE_SERVED_FROM_ATTRIBUTE = "observatory.cache.served_from"
+CACHE_LOOKUP_MS_ATTRIBUTE = "observatory.cache.lookup_ms"
+SERVED_FROM_VALUES = frozenset(SERVED_FROM)
+# A lookup that took longer than an hour is a corrupt figure, not a measurement.
+_MAX_LOOKUP_MS = 3_600_000.0
+
+
+def served_from_of(attributes: dict[str, Any]) -> str | None:
+    """``observatory.cache.served_from`` when it names one of SERVED_FROM_VALUES; anything else is None."""
+    value = attributes.get(CACHE_SERVED_FROM_ATTRIBUTE)
+    if value.__class__ is not str:
+        return None
+    if value in SERVED_FROM_VALUES:  # the usual case: as the gateway writes it
+        return value
+    value = value.strip().lower()
+    return value if value in SERVED_FROM_VALUES else None
+
+
+def lookup_ms_of(attributes: dict[str, Any]) -> float | None:
+    """``observatory.cache.lookup_ms``: a finite duration in [0, 1 h] in milliseconds, else None."""
+    value = attributes.get(CACHE_LOOKUP_MS_ATTRIBUTE)
+    if value.__class__ is float:  # the usual case; NaN fails the comparison
+        return value if 0.0 <= value <= _MAX_LOOKUP_MS else None
+    ms = as_float(value)
+    return ms if ms is not None and 0.0 <= ms <= _MAX_LOOKUP_MS else None
 
 
 def first_event_offset_ms(span: SpanView, event_names: frozenset[str]) -> float | None:
@@ -164,3 +214,32 @@ def is_error(span: SpanView) -> bool:
         return True
     value = span.attributes.get("error.type")
     return value is not None and as_text(value) is not None
+
+
+def hop_call(span: SpanView, role: Role, convention: str, *, model: str | None, request_id: str | None,
+             prompt_tokens: int | None, completion_tokens: int | None, streaming: bool | None,
+             ttft_ms: float | None, cached_prompt_tokens: int | None) -> LLMCall:
+    """The LLMCall of a client or gateway span: what its convention read, with what every span carries (ids,
+    service, times, error, the platform's engine config and replica group). The hot vLLM and GenAI paths build
+    theirs positionally instead."""
+    return LLMCall(
+        trace_id=span.trace_id,
+        span_id=span.span_id,
+        parent_span_id=span.parent_span_id,
+        role=role,
+        convention=convention,
+        service=span.service,
+        name=span.name,
+        start_ns=span.start_ns,
+        end_ns=span.end_ns,
+        model=model,
+        request_id=request_id,
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
+        streaming=streaming,
+        is_error=is_error(span),
+        ttft_ms=ttft_ms,
+        engine_config=engine_config_of(span),
+        replica_group=replica_group_of(span),
+        cached_prompt_tokens=cached_prompt_tokens,
+    )

@@ -14,6 +14,11 @@ class Role(str, enum.Enum):
     ENGINE = "engine"    # the inference server itself (vLLM llm_request)
 
 
+# What answered a request (LLMCall.served_from, llm_requests.served_from; docs/decomposition.md, "Caches"): the
+# engine, or the gateway's response cache (its classes, the observatory.cache.served_from of a hit).
+SERVED_FROM = ("engine", "exact_cache", "semantic_cache")
+CACHE_CLASSES = SERVED_FROM[1:]
+
 # OTLP SpanKind enum values (opentelemetry/proto/trace/v1/trace.proto).
 SPAN_KIND_UNSPECIFIED = 0
 SPAN_KIND_INTERNAL = 1
@@ -108,6 +113,15 @@ class LLMCall:
     engine_config: str | None = None
     # the replica group (fleet group) that served the call, when the engine or gateway says so
     replica_group: str | None = None
+    # Caches (appended after replica_group: positional construction elsewhere keeps working).
+    # Prompt tokens this hop reports as read from a prefix/prompt cache (GenAI
+    # gen_ai.usage.cache_read.input_tokens and its equivalents; collectors.attrs.cached_count).
+    cached_prompt_tokens: int | None = None
+    # What answered the call, when a gateway says so: "engine", "exact_cache" or "semantic_cache"
+    # (observatory.cache.served_from on the platform gateway's span; None when absent).
+    served_from: str | None = None
+    # Milliseconds the gateway's response cache spent looking the request up (observatory.cache.lookup_ms).
+    lookup_ms: float | None = None
 
     @property
     def duration_ms(self) -> float:

@@ -22,6 +22,11 @@ and open-telemetry/semantic-conventions-genai ``docs/gen-ai/client-inference.md`
   nevertheless writes it (and the older ``gen_ai.server.ttft``) as a span attribute
   in seconds, so both are read as fallbacks.
 * Streaming: ``gen_ai.request.stream``; a time to first chunk implies True.
+* Cached prompt tokens: ``gen_ai.usage.cache_read.input_tokens`` (the convention since v1.37), else
+  ``gen_ai.usage.cache_read_input_tokens`` (the spelling of OpenLLMetry's semconv-ai <= 0.4, copied by
+  others); dropped when above the prompt count (``collectors.attrs.cached_count``).
+* The platform gateway's response cache (its SERVER span): ``observatory.cache.served_from``
+  (``exact_cache`` | ``semantic_cache`` on a hit) and ``observatory.cache.lookup_ms``.
 * Errors: span status ERROR, or ``error.type`` set (required on failure by the spec).
 * Role: span kind CLIENT (or INTERNAL, allowed for in-process models) → CLIENT;
   kind SERVER → GATEWAY, a GenAI server span being a proxy/front that serves the call.
@@ -33,14 +38,19 @@ from __future__ import annotations
 
 from collectors import litellm, openinference, openllmetry, vllm
 from collectors.attrs import (
+    CACHE_LOOKUP_MS_ATTRIBUTE,
+    CACHE_SERVED_FROM_ATTRIBUTE,
     as_flag,
     as_text,
+    cached_within,
     engine_config_of,
     first_count,
     first_text,
     is_error,
+    lookup_ms_of,
     replica_group_of,
     seconds_as_ms,
+    served_from_of,
 )
 from collectors.base import SPAN_KIND_SERVER, LLMCall, Role, SpanView
 
@@ -98,6 +108,18 @@ def normalise_owned(span: SpanView) -> LLMCall | None:
     if streaming is None and ttft_ms is not None:
         streaming = True
 
+    prompt_tokens = first_count(attrs, _PROMPT_KEYS)
+    cached = attrs.get("gen_ai.usage.cache_read.input_tokens")
+    if cached is None:
+        cached = attrs.get("gen_ai.usage.cache_read_input_tokens")
+    if cached is not None:
+        cached = cached_within(cached, prompt_tokens)
+    # The response-cache attributes are on the platform gateway's spans only: one dict lookup each when absent.
+    served_from = lookup_ms = None
+    if CACHE_SERVED_FROM_ATTRIBUTE in attrs:
+        served_from = served_from_of(attrs)
+    if CACHE_LOOKUP_MS_ATTRIBUTE in attrs:
+        lookup_ms = lookup_ms_of(attrs)
     # Positional, in LLMCall's field order: this runs for every GenAI span ingested, and keyword
     # arguments cost ~0.7 µs more than positions (tests/collectors check every field).
     return LLMCall(
@@ -112,7 +134,7 @@ def normalise_owned(span: SpanView) -> LLMCall | None:
         span.end_ns,
         model,
         as_text(attrs.get("gen_ai.response.id")),  # request_id
-        first_count(attrs, _PROMPT_KEYS),
+        prompt_tokens,
         first_count(attrs, _COMPLETION_KEYS),
         streaming,
         is_error(span),
@@ -124,4 +146,7 @@ def normalise_owned(span: SpanView) -> LLMCall | None:
         None,  # inference_ms
         engine_config_of(span),
         replica_group_of(span),
+        cached,  # cached_prompt_tokens
+        served_from,
+        lookup_ms,
     )

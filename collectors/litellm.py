@@ -50,7 +50,13 @@ With ``LITELLM_OTEL_V2`` the proxy span is no longer created (the FastAPI server
 takes its place and carries nothing LLM-specific); the gateway hop is then the
 LLM-call span (kind CLIENT, name ``"{operation} {model}"``) identified by
 ``litellm.call_id``, with ``gen_ai.response.time_to_first_chunk`` (seconds) as its
-time to first token and ``litellm.request.streaming`` as its streaming flag. Calls
+time to first token and ``litellm.request.streaming`` as its streaming flag.
+
+Cached prompt tokens: the v1 callback writes none (only total, input and output tokens); v2 writes the GenAI
+convention's ``gen_ai.usage.cache_read.input_tokens`` (``model/semconv.py``), its legacy mapper OpenLLMetry's
+``gen_ai.usage.cache_read_input_tokens`` and the Arize logger OpenInference's
+``llm.token_count.prompt_details.cache_read``. The first usable of the three is read; a count above the prompt
+count is dropped. Calls
 LiteLLM makes for its own purposes (``litellm.request.purpose`` set, e.g. the
 auto-router's classifier) give None.
 """
@@ -58,13 +64,12 @@ from __future__ import annotations
 
 from collectors import vllm
 from collectors.attrs import (
-    as_flag,
     as_text,
-    engine_config_of,
+    cached_count,
     first_count,
+    first_flag,
     first_text,
-    is_error,
-    replica_group_of,
+    hop_call,
     seconds_as_ms,
 )
 from collectors.base import LLMCall, Role, SpanView
@@ -103,6 +108,11 @@ _COMPLETION_KEYS = (
     "gen_ai.usage.completion_tokens",
     "llm.token_count.completion",
 )
+CACHED_KEYS = (
+    "gen_ai.usage.cache_read.input_tokens",
+    "gen_ai.usage.cache_read_input_tokens",
+    "llm.token_count.prompt_details.cache_read",
+)
 
 
 def owns(span: SpanView) -> bool:
@@ -136,14 +146,8 @@ def _from_proxy_span(span: SpanView) -> LLMCall | None:
     call_type = as_text(attrs.get("llm.request.type"))
     if call_type is not None and call_type not in _GENERATION_CALL_TYPES:
         return None
-    streaming = as_flag(attrs.get("llm.is_streaming"))
-    if streaming is None:
-        streaming = as_flag(attrs.get("gen_ai.request.stream"))
-    return _call(
-        span,
-        streaming=streaming,
-        request_id=first_text(attrs, ("gen_ai.response.id", "gen_ai.request.id")),
-    )
+    return _call(span, streaming=("llm.is_streaming", "gen_ai.request.stream"),
+                 request_id=("gen_ai.response.id", "gen_ai.request.id"))
 
 
 def _from_v2_llm_call_span(span: SpanView) -> LLMCall | None:
@@ -154,35 +158,18 @@ def _from_v2_llm_call_span(span: SpanView) -> LLMCall | None:
         return None
     if as_text(attrs.get("gen_ai.output.type")) in _NON_TEXT_OUTPUTS:
         return None
-    streaming = as_flag(attrs.get("litellm.request.streaming"))
-    if streaming is None:
-        streaming = as_flag(attrs.get("gen_ai.request.stream"))
-    return _call(
-        span,
-        streaming=streaming,
-        request_id=first_text(attrs, ("gen_ai.response.id", V2_CALL_ID)),
-    )
+    return _call(span, streaming=("litellm.request.streaming", "gen_ai.request.stream"),
+                 request_id=("gen_ai.response.id", V2_CALL_ID))
 
 
-def _call(span: SpanView, *, streaming: bool | None, request_id: str | None) -> LLMCall:
+def _call(span: SpanView, *, streaming: tuple[str, ...], request_id: tuple[str, ...]) -> LLMCall:
+    """The gateway hop of a LiteLLM span, its flag of streaming and its request id read from the first usable of
+    these keys."""
     attrs = span.attributes
-    return LLMCall(
-        trace_id=span.trace_id,
-        span_id=span.span_id,
-        parent_span_id=span.parent_span_id,
-        role=Role.GATEWAY,
-        convention=CONVENTION,
-        service=span.service,
-        name=span.name,
-        start_ns=span.start_ns,
-        end_ns=span.end_ns,
-        model=first_text(attrs, _MODEL_KEYS),
-        request_id=request_id,
-        prompt_tokens=first_count(attrs, _PROMPT_KEYS),
-        completion_tokens=first_count(attrs, _COMPLETION_KEYS),
-        streaming=streaming,
-        is_error=is_error(span),
-        ttft_ms=seconds_as_ms(attrs.get("gen_ai.response.time_to_first_chunk")),
-        engine_config=engine_config_of(span),
-        replica_group=replica_group_of(span),
+    prompt_tokens = first_count(attrs, _PROMPT_KEYS)
+    return hop_call(
+        span, Role.GATEWAY, CONVENTION, model=first_text(attrs, _MODEL_KEYS), request_id=first_text(attrs, request_id),
+        prompt_tokens=prompt_tokens, completion_tokens=first_count(attrs, _COMPLETION_KEYS),
+        streaming=first_flag(attrs, streaming), ttft_ms=seconds_as_ms(attrs.get("gen_ai.response.time_to_first_chunk")),
+        cached_prompt_tokens=cached_count(attrs, CACHED_KEYS, prompt_tokens),
     )

@@ -18,6 +18,7 @@ Sources: Arize-ai/openinference,
   parameters (minus messages/tools) are in ``llm.invocation_parameters`` as a JSON
   string, which holds ``"stream": true`` when the caller streamed; a
   ``First Token Stream Event`` also proves streaming.
+* Cached prompt tokens: ``llm.token_count.prompt_details.cache_read`` (dropped when above the prompt count).
 * Time to first token: the span event ``First Token Stream Event`` (no attributes,
   stamped when the first chunk arrived) minus the span start.
 * No response id attribute exists. ``request_id`` is the ``id`` of the response JSON the instrumentor records
@@ -33,11 +34,10 @@ from collectors import litellm, vllm
 from collectors.attrs import (
     as_count,
     as_flag,
-    engine_config_of,
+    cached_count,
     first_event_offset_ms,
     first_text,
-    is_error,
-    replica_group_of,
+    hop_call,
 )
 from collectors.base import LLMCall, Role, SpanView
 
@@ -46,6 +46,7 @@ SPAN_KIND_KEY = "openinference.span.kind"
 FIRST_TOKEN_EVENTS = frozenset({"First Token Stream Event"})
 
 _MODEL_KEYS = ("llm.response.model_name", "llm.model_name", "llm.request.model_name")
+CACHED_KEYS = ("llm.token_count.prompt_details.cache_read",)
 MAX_OUTPUT_SCAN = 256 * 1024
 
 
@@ -76,25 +77,10 @@ def normalise_owned(span: SpanView) -> LLMCall | None:
     ttft_ms = first_event_offset_ms(span, FIRST_TOKEN_EVENTS)
     streaming = True if ttft_ms is not None else _stream_parameter(attrs.get("llm.invocation_parameters"))
 
-    return LLMCall(
-        trace_id=span.trace_id,
-        span_id=span.span_id,
-        parent_span_id=span.parent_span_id,
-        role=Role.CLIENT,
-        convention=CONVENTION,
-        service=span.service,
-        name=span.name,
-        start_ns=span.start_ns,
-        end_ns=span.end_ns,
-        model=first_text(attrs, _MODEL_KEYS),
-        request_id=_response_id(attrs),
-        prompt_tokens=prompt_tokens,
-        completion_tokens=completion_tokens,
-        streaming=streaming,
-        is_error=is_error(span),
-        ttft_ms=ttft_ms,
-        engine_config=engine_config_of(span),
-        replica_group=replica_group_of(span),
+    return hop_call(
+        span, Role.CLIENT, CONVENTION, model=first_text(attrs, _MODEL_KEYS), request_id=_response_id(attrs),
+        prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
+        streaming=streaming, ttft_ms=ttft_ms, cached_prompt_tokens=cached_count(attrs, CACHED_KEYS, prompt_tokens),
     )
 
 

@@ -14,7 +14,11 @@ request type                 ``llm.request.type`` chat|...    ``gen_ai.operation
 streaming flag (bool)        ``llm.is_streaming``             ``gen_ai.is_streaming``
 total tokens                 ``llm.usage.total_tokens``       ``gen_ai.usage.total_tokens``
 one event per stream chunk   ``llm.content.completion.chunk`` ``gen_ai.content.completion.chunk``
+cached prompt tokens         ``gen_ai.usage.cache_read_input_tokens`` ``gen_ai.usage.cache_read.input_tokens``
 ===========================  ===============================  ==================================
+
+(semconv-ai's ``MIGRATION.md``: ``GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS`` changed its string value in 0.5; both
+are read, the newer first, and a count above the prompt count is dropped.)
 
 Both carry ``gen_ai.system`` (``gen_ai.provider.name`` in the new one),
 ``gen_ai.request.model``, ``gen_ai.response.model``, ``gen_ai.response.id`` and the
@@ -33,14 +37,13 @@ from __future__ import annotations
 
 from collectors import litellm, openinference, vllm
 from collectors.attrs import (
-    as_flag,
     as_text,
-    engine_config_of,
+    cached_count,
     first_count,
     first_event_offset_ms,
+    first_flag,
     first_text,
-    is_error,
-    replica_group_of,
+    hop_call,
 )
 from collectors.base import LLMCall, Role, SpanView
 
@@ -52,6 +55,7 @@ _GENERATION_OPERATIONS = frozenset({"chat", "text_completion", "generate_content
 _MODEL_KEYS = ("gen_ai.response.model", "gen_ai.request.model")
 _PROMPT_KEYS = ("gen_ai.usage.input_tokens", "gen_ai.usage.prompt_tokens")
 _COMPLETION_KEYS = ("gen_ai.usage.output_tokens", "gen_ai.usage.completion_tokens")
+CACHED_KEYS = ("gen_ai.usage.cache_read.input_tokens", "gen_ai.usage.cache_read_input_tokens")
 
 
 def owns(span: SpanView) -> bool:
@@ -84,30 +88,14 @@ def normalise_owned(span: SpanView) -> LLMCall | None:
     elif as_text(attrs.get("gen_ai.operation.name")) not in _GENERATION_OPERATIONS:
         return None
 
-    streaming = as_flag(attrs.get("llm.is_streaming"))
-    if streaming is None:
-        streaming = as_flag(attrs.get("gen_ai.is_streaming"))
+    streaming = first_flag(attrs, ("llm.is_streaming", "gen_ai.is_streaming"))
     ttft_ms = first_event_offset_ms(span, CHUNK_EVENTS)
     if streaming is None and ttft_ms is not None:
         streaming = True
 
-    return LLMCall(
-        trace_id=span.trace_id,
-        span_id=span.span_id,
-        parent_span_id=span.parent_span_id,
-        role=Role.CLIENT,
-        convention=CONVENTION,
-        service=span.service,
-        name=span.name,
-        start_ns=span.start_ns,
-        end_ns=span.end_ns,
-        model=first_text(attrs, _MODEL_KEYS),
-        request_id=as_text(attrs.get("gen_ai.response.id")),
-        prompt_tokens=first_count(attrs, _PROMPT_KEYS),
-        completion_tokens=first_count(attrs, _COMPLETION_KEYS),
-        streaming=streaming,
-        is_error=is_error(span),
-        ttft_ms=ttft_ms,
-        engine_config=engine_config_of(span),
-        replica_group=replica_group_of(span),
+    prompt_tokens = first_count(attrs, _PROMPT_KEYS)
+    return hop_call(
+        span, Role.CLIENT, CONVENTION, model=first_text(attrs, _MODEL_KEYS), request_id=as_text(attrs.get("gen_ai.response.id")),
+        prompt_tokens=prompt_tokens, completion_tokens=first_count(attrs, _COMPLETION_KEYS),
+        streaming=streaming, ttft_ms=ttft_ms, cached_prompt_tokens=cached_count(attrs, CACHED_KEYS, prompt_tokens),
     )

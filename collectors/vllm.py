@@ -1,6 +1,6 @@
 """Normalises vLLM's per-request ``llm_request`` span (and the simulator's copy of it) into an ENGINE call.
 
-Source of the names: vllm-project/vllm main (the v0.3x line DESIGN.md cites),
+Source of the names: vllm-project/vllm main (the v0.3x line docs/engine.md names),
 ``vllm/tracing/utils.py`` (``SpanAttributes``),
 ``vllm/tracing/otel.py`` (resource: ``vllm.instrumenting_module_name``,
 ``vllm.process_id`` as a string) and ``OutputProcessor.do_tracing`` in
@@ -20,6 +20,12 @@ external request id, e.g. ``chatcmpl-…``), ``gen_ai.request.{max_tokens,temper
 top_p,n}`` (each only when set) and, in the versions that set it,
 ``gen_ai.response.model``. vLLM never says whether the request streamed.
 
+Cached prompt tokens (prefix-cache hits): the GenAI convention's ``gen_ai.usage.cache_read.input_tokens``
+(what the platform's simulator writes), else ``gen_ai.usage.cached_tokens``
+(``SpanAttributes.GEN_AI_USAGE_CACHED_TOKENS`` of later vLLM mains). vLLM 0.32's span carries no cached-token
+attribute (its ``tracing/utils.py`` and ``do_tracing``): its prefix-cache hits reach the row through the
+gateway's span. A count above the prompt count is dropped (``collectors.attrs.cached_count``).
+
 vLLM 0.32 does not set ``gen_ai.response.model`` (measured on a real run), so the model
 falls back to the resource attribute ``llm_observatory.model``, which the platform's
 launcher puts in ``OTEL_RESOURCE_ATTRIBUTES`` (the served model name); teams running
@@ -34,6 +40,7 @@ from __future__ import annotations
 from collectors.attrs import (
     as_count,
     as_text,
+    cached_within,
     engine_config_of,
     is_error,
     model_resource_of,
@@ -70,6 +77,11 @@ def normalise_owned(span: SpanView) -> LLMCall:
     completion_tokens = as_count(attrs.get("gen_ai.usage.completion_tokens"))
     if completion_tokens is None:
         completion_tokens = as_count(attrs.get("gen_ai.usage.output_tokens"))
+    cached = attrs.get("gen_ai.usage.cache_read.input_tokens")
+    if cached is None:
+        cached = attrs.get("gen_ai.usage.cached_tokens")
+    if cached is not None:
+        cached = cached_within(cached, prompt_tokens)
     # Positional, in LLMCall's field order: this runs for every engine span ingested, and 22
     # keyword arguments cost ~0.7 µs more than positions (tests/collectors check every field).
     return LLMCall(
@@ -96,4 +108,5 @@ def normalise_owned(span: SpanView) -> LLMCall:
         seconds_as_ms(attrs.get("gen_ai.latency.time_in_model_inference")),  # inference_ms
         engine_config_of(span),
         replica_group_of(span),
+        cached,  # cached_prompt_tokens
     )

@@ -2,7 +2,9 @@
 
 A page is a view wrapped in `page(role)`: a logged-out visitor goes to the login page, the project comes from
 `?project=NAME` (remembered in the session) or the session, else the user's first project by name; a project
-the user is not a member of answers 404 (as the API does), and a role below `role` answers 403.
+the user is not a member of answers 404 (as the API does), and a role below `role` answers 403. Within a page,
+`viewer.require(role, doing)` refuses what needs more (a form's POST, a control) with 403 and that sentence, and
+`form_post(role, doing)` is a page that a form posts to, refused so before anything else.
 """
 from __future__ import annotations
 
@@ -11,10 +13,15 @@ import functools
 
 from django.contrib.auth.views import redirect_to_login
 from django.http import Http404, HttpRequest, HttpResponseForbidden
+from django.views.decorators.http import require_http_methods
 from tenancy.keys import ApiIdentity
 from tenancy.models import ROLE_RANK, Membership, Role
 
 SESSION_PROJECT = "dashboard_project"
+
+
+class Refused(Exception):
+    """What the viewer's role does not allow: `page` answers it 403 with the message."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,6 +35,12 @@ class Viewer:
 
     def can(self, role: str) -> bool:
         return ROLE_RANK[Role(self.role)] >= ROLE_RANK[Role(role)]
+
+    def require(self, role: str, doing: str, verb: str = "needs") -> None:
+        """Raise Refused, "<doing> needs the <role> role in project P", unless the viewer has `role` (`verb`
+        "need" for a plural: "channels need ...")."""
+        if not self.can(role):
+            raise Refused(f"{doing} {verb} the {role} role in project {self.project}")
 
     @property
     def projects(self) -> list[str]:
@@ -62,7 +75,8 @@ def viewer_for(request: HttpRequest) -> Viewer:
 
 
 def page(role: str = Role.VIEWER):
-    """Decorate a view(request, viewer, ...) with login, project choice and the role it needs."""
+    """Decorate a view(request, viewer, ...) with login, project choice and the role it needs; what the view
+    refuses (Refused) answers 403."""
 
     def wrap(view):
         @functools.wraps(view)
@@ -73,8 +87,26 @@ def page(role: str = Role.VIEWER):
             if not viewer.can(role):
                 return HttpResponseForbidden(f"this needs the {role} role in project {viewer.project} "
                                              f"(you have {viewer.role})")
-            return view(request, viewer, *args, **kwargs)
+            try:
+                return view(request, viewer, *args, **kwargs)
+            except Refused as refusal:
+                return HttpResponseForbidden(str(refusal))
 
         return wrapped
+
+    return wrap
+
+
+def form_post(role: str, doing: str, verb: str = "needs"):
+    """Decorate a view(request, viewer, ...) that a form posts to: POST only (405 otherwise), a `page`, and the
+    viewer refused first unless it has ``role`` (`Viewer.require(role, doing, verb)`)."""
+
+    def wrap(view):
+        @functools.wraps(view)
+        def acting(request: HttpRequest, viewer: Viewer, *args, **kwargs):
+            viewer.require(role, doing, verb)
+            return view(request, viewer, *args, **kwargs)
+
+        return require_http_methods(["POST"])(page()(acting))
 
     return wrap

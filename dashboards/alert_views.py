@@ -6,16 +6,16 @@ from __future__ import annotations
 import logging
 
 from alerts.api import SilenceIn, _Muting, alert_json, create_silence, expire_now, silence_json
+from alerts.matchers import matches_all
 from alerts.models import Alert as AlertRow
 from alerts.models import Silence as SilenceRow
-from alerts.silences import matches_all
-from django.http import Http404, HttpRequest, HttpResponse, HttpResponseForbidden
+from apikit.api import ApiError
+from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_http_methods
 from notify.models import Delivery
-from observatory.api import ApiError
 
 from .access import Viewer, page
 from .inputs import validate
@@ -83,8 +83,7 @@ def alert_detail(request: HttpRequest, viewer: Viewer, fingerprint: str) -> Http
     values = {"matchers": default_matchers, "duration": "2h", "comment": ""}
     status = 200
     if request.method == "POST":
-        if not viewer.can("operator"):
-            return HttpResponseForbidden(f"silences need the operator role in project {viewer.project}")
+        viewer.require("operator", "silences", verb="need")
         values = {k: request.POST.get(k, "") for k in ("matchers", "duration", "comment")}
         data = {"matchers": [line.strip() for line in values["matchers"].splitlines() if line.strip()],
                 "comment": values["comment"], "duration": values["duration"] or None}
@@ -117,8 +116,7 @@ def silence_expire(request: HttpRequest, viewer: Viewer, silence_id: int) -> Htt
     silence = SilenceRow.objects.filter(pk=silence_id, project_id=viewer.project_id).first()
     if silence is None:
         raise Http404("no such silence in this project")
-    if not viewer.can("operator"):
-        return HttpResponseForbidden(f"silences need the operator role in project {viewer.project}")
+    viewer.require("operator", "silences", verb="need")
     expire_now(silence, viewer.identity.username, timezone.now())
     log.info("silence %s expired by %s in the dashboard", silence.id, viewer.identity.username)
     back = request.POST.get("next", "")

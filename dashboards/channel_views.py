@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 
 from django.db import IntegrityError, transaction
-from django.http import Http404, HttpRequest, HttpResponse, HttpResponseForbidden
+from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.utils import timezone
 from django.views.decorators.http import require_http_methods
@@ -16,7 +16,7 @@ from notify.models import Channel as ChannelRow
 from notify.models import ChannelKind
 from notify.models import Delivery as DeliveryRow
 
-from .access import Viewer, page
+from .access import Viewer, form_post, page
 from .inputs import validate
 from .views import _base
 
@@ -42,11 +42,8 @@ def channel_list(request: HttpRequest, viewer: Viewer) -> HttpResponse:
                                                              errors={}))
 
 
-@require_http_methods(["POST"])
-@page()
+@form_post("admin", "channels", verb="need")
 def channel_create(request: HttpRequest, viewer: Viewer) -> HttpResponse:
-    if not viewer.can("admin"):
-        return HttpResponseForbidden(f"channels need the admin role in project {viewer.project}")
     post = request.POST
     values = {k: post.get(k, "") for k in ("name", "kind", "url", "routing_key", "matchers")}
     values["severities"] = post.getlist("severities")
@@ -95,8 +92,7 @@ def channel_detail(request: HttpRequest, viewer: Viewer, channel_id: int) -> Htt
     admin = viewer.can("admin")
     sent = None
     if request.method == "POST":
-        if not admin:
-            return HttpResponseForbidden(f"channels need the admin role in project {viewer.project}")
+        viewer.require("admin", "channels", verb="need")
         sent = delivery_json(services.send_test(channel), show_answers=True)
         log.info("test notification to channel %s sent by %s in the dashboard", channel.id, viewer.identity.username)
         channel.refresh_from_db()

@@ -5,21 +5,15 @@ waiting requests, KV cache usage, speculative decoding acceptance), read from th
 The knob values are the fleet's internals: project admins see them (as GET /api/v1/engine's `detail: full`)."""
 from __future__ import annotations
 
-import concurrent.futures
 import time
-import urllib.request
 
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
-from observatory.engine_api import summary_of
-from observatory.engine_link import fleet_state
-from prometheus_client.parser import text_string_to_metric_families
+from fleet import replica_metrics
+from fleet.state import fleet_state, summary_of
 
 from .access import Viewer, page
 from .views import _base
-
-METRICS_TIMEOUT_S = 1.0
-MAX_METRICS_BYTES = 4 * 1024 * 1024
 
 
 def knob_diff(groups: list[dict]) -> tuple[list[dict], list[dict]]:
@@ -51,43 +45,11 @@ def engine(request: HttpRequest, viewer: Viewer) -> HttpResponse:
     return render(request, "dashboards/engine.html", context)
 
 
-def _scrape(url: str) -> dict:
-    """Running, waiting, KV cache usage and the speculative acceptance rate (since the replica started) of one
-    replica, from its Prometheus text; {} when it cannot be read."""
-    try:
-        with urllib.request.urlopen(url.rstrip("/") + "/metrics", timeout=METRICS_TIMEOUT_S) as response:
-            text = response.read(MAX_METRICS_BYTES).decode("utf-8", "replace")
-    except (OSError, ValueError):
-        return {}
-    totals: dict[str, float] = {}
-    try:
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                if sample.name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
-                                   "vllm:spec_decode_num_accepted_tokens_total",
-                                   "vllm:spec_decode_num_draft_tokens_total"):
-                    totals[sample.name] = totals.get(sample.name, 0.0) + float(sample.value)
-    except ValueError:
-        return {}
-    drafts = totals.get("vllm:spec_decode_num_draft_tokens_total")
-    accepted = totals.get("vllm:spec_decode_num_accepted_tokens_total")
-    return {
-        "running": totals.get("vllm:num_requests_running"),
-        "waiting": totals.get("vllm:num_requests_waiting"),
-        "kv_cache": totals.get("vllm:kv_cache_usage_perc"),
-        "acceptance": (accepted / drafts) if drafts and accepted is not None else None,
-    }
-
-
 @page()
 def engine_metrics(request: HttpRequest, viewer: Viewer) -> JsonResponse:
     """The replicas' current vLLM figures, for the page's live charts (polled every few seconds)."""
     state = fleet_state()
     replicas = [(r.get("name"), r.get("url")) for r in ((state.get("fleet") or {}).get("replicas") or [])
                 if r.get("url") and r.get("state") in ("healthy", "unhealthy", "draining")]
-    figures = {}
-    if replicas:
-        with concurrent.futures.ThreadPoolExecutor(max_workers=min(8, len(replicas))) as pool:
-            for (name, _), result in zip(replicas, pool.map(lambda item: _scrape(item[1]), replicas)):
-                figures[name] = result
-    return JsonResponse({"t": time.time(), "running": bool(state.get("running")), "replicas": figures})
+    return JsonResponse({"t": time.time(), "running": bool(state.get("running")),
+                         "replicas": replica_metrics.live_figures_of(replicas)})

@@ -36,6 +36,12 @@ def validate(schema: Any, data: dict, fields: set[str]) -> tuple[Any, dict[str, 
         return None, errors
 
 
+def refusal_errors(refusal: Exception, fields: set[str]) -> dict[str, list[str]]:
+    """A service's refusal (RunError, StudyError, RolloutError: its `problems`, about its `field`) as the form's
+    errors: under that field when the form has it, else under ''."""
+    return {refusal.field if refusal.field in fields else "": refusal.problems}
+
+
 def problems_by_field(problems: list[str], fields: set[str]) -> dict[str, list[str]]:
     """'field: message' problems (the definition checks') by form field; the others under ''."""
     errors: dict[str, list[str]] = {}
@@ -45,3 +51,20 @@ def problems_by_field(problems: list[str], fields: set[str]) -> dict[str, list[s
         field = name if name in fields else ""
         errors.setdefault(field, []).append(reason if field else text)
     return errors
+
+
+def form_number(text: str, *, whole: bool = False):
+    """A number typed into a form, for the API's types: None when left empty; an int when `whole` and the text is
+    one, else a float; text that is no number goes on as it is, for the type's own check to name."""
+    text = (text or "").strip()
+    if not text:
+        return None
+    if whole:
+        try:
+            return int(text)
+        except ValueError:
+            pass
+    try:
+        return float(text)
+    except ValueError:
+        return text

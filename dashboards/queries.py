@@ -11,6 +11,8 @@ from traces import queries as trace_queries
 from traces import rollups
 from traces.store import ClickHouseStore, string_set
 
+from collectors.base import CACHE_CLASSES
+
 # Time ranges of the pages: (label, seconds, bucket seconds of the charts, ~60-120 points each).
 RANGES = {
     "15m": (900, 15),
@@ -25,7 +27,7 @@ COMPONENTS = ("network_ms", "gateway_ms", "overhead_ms", "queue_ms", "prefill_ms
 TAILS = ("e2e_ms", "ttft_ms", "tpot_ms")
 BREAKDOWNS = ("model", "service", "engine_config", "replica_group", "prompt_bucket")
 PROMPT_BUCKETS = ("<256", "<1k", "<4k", "<16k", ">=16k", "unknown")
-EXPLORER_FILTERS = ("model", "service", "engine_config", "replica_group", "prompt_bucket", "status")
+EXPLORER_FILTERS = ("model", "service", "engine_config", "replica_group", "prompt_bucket", "status", "served_from")
 SORTS = {"start_time": "toUnixTimestamp64Micro(start_time)", "e2e_ms": "ifNull(e2e_ms, -1)",
          "ttft_ms": "ifNull(ttft_ms, -1)", "tpot_ms": "ifNull(tpot_ms, -1)"}
 PAGE_SIZE = 50
@@ -45,43 +47,20 @@ def _hour_aligned(step: int) -> bool:
     return step % 3600 == 0
 
 
-def _rollup_union(store: ClickHouseStore, project_id: int, since: dt.datetime, until: dt.datetime, step: int,
-                  rollup_cols: str, raw_cols: str, extra_dims: str = "", where: str = "",
-                  params: dict | None = None, table: str = "request_rollup_hourly") -> tuple[str, dict]:
-    """A subquery of per-bucket states: the hourly rollups of the clean hours in the range, and the raw rows of
-    the rest (range edges, the current hour, hours touched since their rollup was built). `step` is a whole
-    number of hours, so an hour lies in one bucket."""
-    params = dict(params or {})
-    first_hour = since.replace(minute=0, second=0, microsecond=0)
-    if first_hour < since:
-        first_hour += dt.timedelta(hours=1)
-    last_hour = until.replace(minute=0, second=0, microsecond=0)
-    hours = rollups.clean_hours(store, project_id, first_hour, last_hour)
-    ranges = trace_queries._uncovered_ranges(since, until, sorted(h for h, _ in hours))
-    params["clean"] = hours
-    raw = []
-    for i, (start, end) in enumerate(ranges):
-        params[f"r{i}_start"], params[f"r{i}_end"] = start.replace(tzinfo=None), end.replace(tzinfo=None)
-        raw.append(f"(start_time >= {{r{i}_start:DateTime64(6)}} AND start_time < {{r{i}_end:DateTime64(6)}})")
-    dims = f", {extra_dims}" if extra_dims else ""
-    sql = (
-        f"SELECT toUnixTimestamp(toStartOfInterval(hour, INTERVAL {{step:UInt32}} SECOND)) AS b{dims}, "
-        f"requests AS n, errors AS errs, {rollup_cols} FROM {store.table(table)} "
-        "WHERE project_id = {project_id:UInt32} AND (toUnixTimestamp(hour), version) IN "
-        f"{{clean:Array(Tuple(UInt32, UInt64))}}{where} "
-        "UNION ALL "
-        f"SELECT toUnixTimestamp(toStartOfInterval(start_time, INTERVAL {{step:UInt32}} SECOND)) AS b{dims}, "
-        f"count() AS n, countIf(status = 'error') AS errs, {raw_cols} FROM {store.table('llm_requests')} FINAL "
-        f"WHERE project_id = {{project_id:UInt32}} AND ({' OR '.join(raw) if raw else '0'}){where} "
-        f"GROUP BY b{dims}"
-    )
-    params["step"] = step
-    return sql, params
+CACHE_SUMS = tuple(rollups.CACHE_SUMS)
+# The series' prefix-cache columns: their figures of rollups.cache_figures.
+_RATIOS = {"prefix_token_hit_ratio": "token_hit_ratio", "prefix_request_hit_ratio": "request_hit_ratio",
+           "prefill_ms_per_uncached_token": "prefill_ms_per_uncached_token"}
 
 
 def _fill(rows, since: dt.datetime, until: dt.datetime, step: int) -> dict[str, Any]:
-    """Columns of equal length from rows of (t, count, errors, 3 tail arrays, 6 means, 6 p95s)."""
-    by_t = {int(row[0]): row for row in rows}
+    """Columns of equal length from rows of (t, served_from, count, errors, 3 tail arrays, 6 means, 6 p95s,
+    the cache sums of CACHE_SUMS): request and error rates of all requests; the percentiles and components of the
+    engine-served ones; each response-cache class's rate and e2e p50; the prefix cache's token and request hit
+    ratios and the prefill time per computed prompt token."""
+    by_t: dict[int, dict[str, Any]] = {}
+    for row in rows:
+        by_t.setdefault(int(row[0]), {})[row[1]] = row
     start = int(since.timestamp()) // step * step
     out: dict[str, Any] = {"t": [], "rate": [], "errors": [], "since": int(since.timestamp()),
                            "until": int(until.timestamp())}
@@ -91,59 +70,72 @@ def _fill(rows, since: dt.datetime, until: dt.datetime, step: int) -> dict[str, 
     for metric in COMPONENTS:
         out[f"{metric}_mean"] = []
         out[f"{metric}_p95"] = []
+    for cls in CACHE_CLASSES:
+        out[f"{cls}_rate"], out[f"{cls}_share"], out[f"{cls}_e2e_p50"] = [], [], []
+    for name in _RATIOS:
+        out[name] = []
     t = start
     while t < until.timestamp():
         out["t"].append(t)
-        row = by_t.get(t)
-        if row is None or not row[1]:
-            out["rate"].append(0.0)
-            out["errors"].append(0.0)
-            for key in out:
-                if key not in ("t", "rate", "errors", "since", "until"):
-                    out[key].append(None)
-        else:
-            out["rate"].append(row[1] / step)
-            out["errors"].append(row[2] / step)
-            column = 3
-            for metric in TAILS:
-                values = row[column] or [None, None, None]
-                for q, value in zip(("p50", "p95", "p99"), values):
-                    out[f"{metric}_{q}"].append(_num(value))
-                column += 1
+        classes = by_t.get(t, {})
+        count = sum(row[2] for row in classes.values())
+        out["rate"].append(count / step)
+        out["errors"].append(sum(row[3] for row in classes.values()) / step)
+        row = classes.get("engine")
+        column = 4
+        for metric in TAILS:
+            values = (row[column] if row and row[2] else None) or [None, None, None]
+            for q, value in zip(("p50", "p95", "p99"), values):
+                out[f"{metric}_{q}"].append(_num(value))
+            column += 1
+        for suffix in ("mean", "p95"):
             for metric in COMPONENTS:
-                out[f"{metric}_mean"].append(_num(row[column]))
+                out[f"{metric}_{suffix}"].append(_num(row[column]) if row and row[2] else None)
                 column += 1
-            for metric in COMPONENTS:
-                out[f"{metric}_p95"].append(_num(row[column]))
-                column += 1
+        for cls in CACHE_CLASSES:
+            hit = classes.get(cls)
+            n = hit[2] if hit else 0
+            out[f"{cls}_rate"].append(n / step)
+            out[f"{cls}_share"].append(rollups.ratio(n, count))
+            out[f"{cls}_e2e_p50"].append(_num(hit[4][0]) if n and hit[4] else None)
+        sums = {name: sum(row[column + i] for row in classes.values()) for i, name in enumerate(CACHE_SUMS)}
+        figures = rollups.cache_figures(sums)
+        for name, key in _RATIOS.items():
+            out[name].append(figures[key])
         t += step
     return out
 
 
 def overview_series(store: ClickHouseStore, project_id: int, since: dt.datetime, until: dt.datetime,
                     step: int) -> dict[str, list]:
-    """Per time bucket: request and error rates, p50/p95/p99 of e2e/TTFT/TPOT, the mean and p95 of each
-    component. Columns of equal length (None where a bucket has no value), `t` in epoch seconds.
+    """Per time bucket: request and error rates; p50/p95/p99 of e2e/TTFT/TPOT and the mean and p95 of each
+    component over the engine-served requests (a response-cache hit would pass for a fast engine); per
+    response-cache class its rate, share of the requests and e2e p50; the prefix cache's hit ratios (tokens and
+    requests, over the rows that report cached tokens) and the prefill time per prompt token the engine computed.
+    Columns of equal length (None where a bucket has no value), `t` in epoch seconds.
 
     Buckets of whole hours (7 and 30 days) merge the hourly rollups' states of the clean hours with states of the
     raw rows of the rest (t-digests and avg states, as the summaries do); shorter ones read the raw rows
-    (bfloat16 quantiles: ~0.4% relative precision, a third cheaper than t-digests; the charts are coarser)."""
+    (bfloat16 quantiles: ~0.4% relative precision, a third cheaper than t-digests; the charts are coarser).
+    One query either way: grouped by bucket and what served the request."""
     window = _window(since, until)
+    sums = ", ".join(f"sum({name})" for name in CACHE_SUMS)
     if _hour_aligned(step):
         levels = "0.5, 0.95, 0.99"
         rollup_cols = ", ".join([f"{m} AS s_{m}" for m in TAILS + COMPONENTS]
-                                + [f"mean_{m} AS a_{m}" for m in COMPONENTS])
+                                + [f"mean_{m} AS a_{m}" for m in COMPONENTS] + list(CACHE_SUMS))
         raw_cols = ", ".join([f"quantilesTDigestState({levels})({m}) AS s_{m}" for m in TAILS + COMPONENTS]
-                             + [f"avgState({m}) AS a_{m}" for m in COMPONENTS])
-        # The totals rows (one per hour and replica group): ~100x fewer states than the hourly rollups'.
-        union, params = _rollup_union(store, project_id, since, until, step, rollup_cols, raw_cols,
-                                      table="request_rollup_hourly_totals")
+                             + [f"avgState({m}) AS a_{m}" for m in COMPONENTS]
+                             + [f"{expr} AS {name}" for name, expr in rollups.CACHE_SUMS.items()])
+        # The totals rows (one per hour, replica group and what served): ~100x fewer states than the hourly rollups'.
+        union, params = trace_queries.rollup_union(store, project_id, since, until, step, rollup_cols, raw_cols,
+                                      extra_dims="served_from", table="request_rollup_hourly_totals")
         tails = ", ".join(f"quantilesTDigestMerge({levels})(s_{m})" for m in TAILS)
         means = ", ".join(f"avgMerge(a_{m})" for m in COMPONENTS)
         p95s = ", ".join(f"quantilesTDigestMerge({levels})(s_{m})[2]" for m in COMPONENTS)
         rows = store.query(
-            f"SELECT b, sum(n), sum(errs), {tails}, {means}, {p95s} FROM ({union}) GROUP BY b ORDER BY b "
-            "SETTINGS do_not_merge_across_partitions_select_final = 1",
+            f"SELECT b, served_from, sum(n), sum(errs), {tails}, {means}, {p95s}, {sums} FROM ({union}) "
+            "GROUP BY b, served_from SETTINGS do_not_merge_across_partitions_select_final = 1",
             project_id=project_id, parameters=params,
         )
         return _fill(rows, since, until, step)
@@ -151,10 +143,11 @@ def overview_series(store: ClickHouseStore, project_id: int, since: dt.datetime,
     means = ", ".join(f"avg({m})" for m in COMPONENTS)
     p95s = ", ".join(f"quantileBFloat16(0.95)({m})" for m in COMPONENTS)
     rows = store.query(
-        f"SELECT toUnixTimestamp(toStartOfInterval(start_time, INTERVAL {{step:UInt32}} SECOND)) AS t, count(), "
-        f"countIf(status = 'error'), {tails}, {means}, {p95s} FROM {store.table('llm_requests')} FINAL "
+        f"SELECT toUnixTimestamp(toStartOfInterval(start_time, INTERVAL {{step:UInt32}} SECOND)) AS t, served_from, "
+        f"count(), countIf(status = 'error'), {tails}, {means}, {p95s}, {', '.join(rollups.CACHE_SUMS.values())} "
+        f"FROM {store.table('llm_requests')} FINAL "
         "WHERE project_id = {project_id:UInt32} AND start_time >= {since:DateTime64(6)} "
-        "AND start_time < {until:DateTime64(6)} GROUP BY t ORDER BY t "
+        "AND start_time < {until:DateTime64(6)} GROUP BY t, served_from "
         "SETTINGS do_not_merge_across_partitions_select_final = 1",
         project_id=project_id, parameters={"step": step, **window},
     )
@@ -163,13 +156,15 @@ def overview_series(store: ClickHouseStore, project_id: int, since: dt.datetime,
 
 def group_series(store: ClickHouseStore, project_id: int, since: dt.datetime, until: dt.datetime, step: int,
                  groups: list[str]) -> dict[str, Any]:
-    """p95 of e2e and TTFT per time bucket for each replica group (baseline and canary side by side)."""
+    """p95 of e2e and TTFT per time bucket for each replica group (baseline and canary side by side), over the
+    engine-served requests (the groups' engines compared, not their response caches)."""
     if _hour_aligned(step):
         levels = "0.5, 0.95, 0.99"
-        union, params = _rollup_union(
+        union, params = trace_queries.rollup_union(
             store, project_id, since, until, step, "e2e_ms AS s_e2e, ttft_ms AS s_ttft",
             f"quantilesTDigestState({levels})(e2e_ms) AS s_e2e, quantilesTDigestState({levels})(ttft_ms) AS s_ttft",
-            extra_dims="replica_group", where=" AND replica_group IN {groups:Array(String)}",
+            extra_dims="replica_group",
+            where=f" AND replica_group IN {{groups:Array(String)}} AND {trace_queries.ENGINE_SERVED}",
             params={"groups": groups}, table="request_rollup_hourly_totals")
         rows = store.query(
             f"SELECT b, replica_group, sum(n), quantilesTDigestMerge({levels})(s_e2e)[2], "
@@ -183,8 +178,8 @@ def group_series(store: ClickHouseStore, project_id: int, since: dt.datetime, un
             "replica_group, count(), quantileBFloat16(0.95)(e2e_ms), quantileBFloat16(0.95)(ttft_ms) "
             f"FROM {store.table('llm_requests')} FINAL WHERE project_id = {{project_id:UInt32}} "
             "AND start_time >= {since:DateTime64(6)} AND start_time < {until:DateTime64(6)} "
-            "AND replica_group IN {groups:Array(String)} GROUP BY t, replica_group ORDER BY t "
-            "SETTINGS do_not_merge_across_partitions_select_final = 1",
+            f"AND replica_group IN {{groups:Array(String)}} AND {trace_queries.ENGINE_SERVED} GROUP BY t, replica_group "
+            "ORDER BY t SETTINGS do_not_merge_across_partitions_select_final = 1",
             project_id=project_id, parameters={"step": step, "groups": groups, **_window(since, until)},
         )
     cells = {(int(t), g): (n, _num(e2e), _num(ttft)) for t, g, n, e2e, ttft in rows}
@@ -196,6 +191,37 @@ def group_series(store: ClickHouseStore, project_id: int, since: dt.datetime, un
         "e2e_p95": [[cells.get((t, g), (0, None, None))[1] for t in times] for g in groups],
         "ttft_p95": [[cells.get((t, g), (0, None, None))[2] for t in times] for g in groups],
     }
+
+
+def _cache_figures(requests: int, errors: int, cached: int, sums: dict[str, float]) -> dict[str, Any]:
+    return {
+        "requests": requests, "errors": errors, "cache_served": cached, "cache_share": rollups.ratio(cached, requests),
+        **rollups.cache_figures(sums), "requests_reporting_cached": sums["cache_reported_requests"],
+    }
+
+
+def breakdown_caches(store: ClickHouseStore, project_id: int, since: dt.datetime,
+                     until: dt.datetime) -> dict[str, dict[str, dict]]:
+    """Per breakdown dimension and value, and for the whole range (dimension "all", value ""): all requests, their
+    errors, those a response cache served, the prefix cache's token and request hit ratios (over the requests that report cached
+    tokens) and the prefill time per prompt token the engine computed. One pass over the hourly rollups of the
+    clean hours and the rows of the rest (sums only: no digest is merged)."""
+    dims = ", ".join(BREAKDOWNS)
+    union, params = trace_queries.rollup_union(
+        store, project_id, since, until, 3600, ", ".join(f"{c} AS c_{c}" for c in CACHE_SUMS),
+        ", ".join(f"{expr} AS c_{c}" for c, expr in rollups.CACHE_SUMS.items()),
+        extra_dims=f"{dims}, served_from")
+    # Each row counted once per dimension, and once more for the whole range.
+    pairs = ", ".join([f"('{d}', {d})" for d in BREAKDOWNS] + ["('all', '')"])
+    rows = store.query(
+        f"SELECT pair.1, pair.2, sum(n), sum(errs), sumIf(n, served_from != 'engine'), "
+        f"{', '.join(f'sum(c_{c})' for c in CACHE_SUMS)} FROM ({union}) ARRAY JOIN [{pairs}] AS pair "
+        "GROUP BY pair.1, pair.2 SETTINGS do_not_merge_across_partitions_select_final = 1",
+        project_id=project_id, parameters=params)
+    out: dict[str, dict[str, dict]] = {d: {} for d in (*BREAKDOWNS, "all")}
+    for dimension, value, requests, errors, cached, *figures in rows:
+        out[dimension][value] = _cache_figures(requests, errors, cached, dict(zip(CACHE_SUMS, figures)))
+    return out
 
 
 # -- the requests explorer ------------------------------------------------------------------------------------
@@ -224,7 +250,8 @@ class Cursor:
 
 EXPLORER_COLUMNS = ("start_time", "trace_id", "request_key", "service", "model", "engine_config", "replica_group",
                     "gateway", "prompt_bucket", "prompt_tokens", "completion_tokens", "status", "e2e_ms", "ttft_ms",
-                    "tpot_ms", "network_ms", "queue_ms", "prefill_ms", "decode_ms", "joined_by")
+                    "tpot_ms", "network_ms", "queue_ms", "prefill_ms", "decode_ms", "joined_by", "cached_prompt_tokens",
+                    "served_from", "lookup_ms")
 
 
 def explore(store: ClickHouseStore, project_id: int, *, since: dt.datetime, until: dt.datetime,

@@ -8,19 +8,18 @@ import json
 import logging
 
 import numpy as np
-from django.http import Http404, HttpRequest, HttpResponse, HttpResponseForbidden
+from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
-from django.views.decorators.http import require_http_methods
 from regressions import service
 from regressions.api import NewRun, run_json
 from regressions.datasets import FORMATS, DatasetError, parse_file, write_version
 from regressions.models import Arm, Dataset, RegressionRun, RunState
 from tenancy.models import Project
 
-from .access import Viewer, page
-from .inputs import validate
-from .views import _base
+from .access import Viewer, form_post, page
+from .inputs import form_number, refusal_errors, validate
+from .views import _base, polled_page
 
 log = logging.getLogger(__name__)
 RUN_FIELDS = {"dataset", "target", "baseline", "rate", "max_concurrency", "repetitions", "warmup", "arms"}
@@ -48,16 +47,10 @@ def _page(request: HttpRequest, viewer: Viewer, **extra) -> HttpResponse:
     runs = [run_json(r) for r in RegressionRun.objects.filter(project_id=viewer.project_id)
             .select_related("project", "dataset_version__dataset").order_by("-id")[:50]]
     active = any(r["state"] in ("queued", "running", "analysing") for r in runs)
-    context = {"datasets": datasets, "runs": runs, "active": active, "formats": FORMATS,
-               "values": {"rate": "inf", "repetitions": 1, "warmup": 0, "arms": "together"}, "errors": {},
+    context = {"datasets": datasets, "runs": runs, "formats": FORMATS, "values": {"rate": "inf", "repetitions": 1, "warmup": 0, "arms": "together"}, "errors": {},
                "import_errors": [], **extra}
-    if request.headers.get("HX-Request"):
-        response = render(request, "dashboards/partials/regression_runs.html",
-                          _base(request, viewer, "regressions", **context))
-        if not active:
-            response["HX-Refresh"] = "true"  # every run has ended: reload once, which stops the polling
-        return response
-    return render(request, "dashboards/regressions.html", _base(request, viewer, "regressions", **context))
+    return polled_page(request, viewer, "regressions", template="dashboards/regressions.html",
+                       partial="dashboards/partials/regression_runs.html", active=active, **context)
 
 
 @page()
@@ -65,31 +58,14 @@ def regressions(request: HttpRequest, viewer: Viewer) -> HttpResponse:
     return _page(request, viewer)
 
 
-def _number(text: str):
-    text = (text or "").strip()
-    if not text:
-        return None
-    if text.lower() == "inf":
-        return "inf"
-    try:
-        return int(text)
-    except ValueError:
-        try:
-            return float(text)
-        except ValueError:
-            return text
-
-
-@require_http_methods(["POST"])
-@page()
+@form_post("operator", "starting a run")
 def run_create(request: HttpRequest, viewer: Viewer) -> HttpResponse:
-    if not viewer.can("operator"):
-        return HttpResponseForbidden(f"starting a run needs the operator role in project {viewer.project}")
     post = request.POST
     values = {k: post.get(k, "").strip() for k in RUN_FIELDS}
     options = {}
     for key in ("rate", "max_concurrency", "repetitions", "warmup"):
-        value = _number(values[key])
+        # "inf" (a rate: all at once) is a float here; the service takes it as the API's "inf"
+        value = form_number(values[key], whole=True)
         if value is not None:
             options[key] = value
     if values["arms"]:
@@ -105,17 +81,13 @@ def run_create(request: HttpRequest, viewer: Viewer) -> HttpResponse:
                                  target=parsed.target, baseline=parsed.baseline,
                                  options=parsed.options.model_dump(), created_by=viewer.identity.username)
     except service.RunError as exc:
-        field = exc.field if exc.field in RUN_FIELDS else ""
-        return _page(request, viewer, values=values, errors={field: exc.problems})
+        return _page(request, viewer, values=values, errors=refusal_errors(exc, RUN_FIELDS))
     log.info("regression run %s started from the dashboard by %s", run.id, viewer.identity.username)
     return redirect(reverse("regression-run", args=[run.id]))
 
 
-@require_http_methods(["POST"])
-@page()
+@form_post("operator", "importing a dataset")
 def dataset_import(request: HttpRequest, viewer: Viewer) -> HttpResponse:
-    if not viewer.can("operator"):
-        return HttpResponseForbidden(f"importing a dataset needs the operator role in project {viewer.project}")
     name = request.POST.get("name", "").strip()
     fmt = request.POST.get("format", "openai")
     upload = request.FILES.get("file")
@@ -218,21 +190,13 @@ def run_detail(request: HttpRequest, viewer: Viewer, run_id: int) -> HttpRespons
     sort = request.GET.get("sort") if request.GET.get("sort") in ("ttft_ms", "e2e_ms", "queue_ms") else "e2e_ms"
     deltas.sort(key=lambda d: (d[f"{sort}_delta"] is None, -(d[f"{sort}_delta"] or 0)))
     active = run.state in (RunState.QUEUED, RunState.RUNNING, RunState.ANALYSING)
-    context = _base(request, viewer, "regressions", run=data, comparison=comparison, charts=charts,
-                    deltas=deltas[:200], delta_total=len(deltas), sort=sort, active=active)
-    if request.headers.get("HX-Request"):
-        response = render(request, "dashboards/partials/regression_progress.html", context)
-        if not active:
-            response["HX-Refresh"] = "true"  # ended: reload the whole page, with the comparison
-        return response
-    return render(request, "dashboards/regression_run.html", context)
+    return polled_page(request, viewer, "regressions", template="dashboards/regression_run.html",
+                       partial="dashboards/partials/regression_progress.html", active=active, run=data,
+                       comparison=comparison, charts=charts, deltas=deltas[:200], delta_total=len(deltas), sort=sort)
 
 
-@require_http_methods(["POST"])
-@page()
+@form_post("operator", "cancelling a run")
 def run_cancel(request: HttpRequest, viewer: Viewer, run_id: int) -> HttpResponse:
-    if not viewer.can("operator"):
-        return HttpResponseForbidden(f"cancelling a run needs the operator role in project {viewer.project}")
     run = _run(viewer, run_id)
     service.cancel(run)
     return redirect(reverse("regression-run", args=[run.id]))

@@ -8,30 +8,32 @@ from __future__ import annotations
 import logging
 
 import yaml
-from django.http import Http404, HttpRequest, HttpResponse, HttpResponseForbidden
-from django.shortcuts import redirect, render
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import redirect
 from django.urls import reverse
 from django.views.decorators.http import require_http_methods
-from rollouts import service
+from fleet.state import group_names
+from rollouts import controls, service
 from rollouts.api import NewRollout
 from rollouts.models import ACTIVE_STATES, Rollout, RolloutAnalysis
 from rollouts.plan import METRIC_LABELS
+from rollouts.transitions import Conflict
 from tenancy.models import Project
+from tuning.models import StudyState, TuningStudy
 
-from .access import Viewer, page
-from .inputs import validate
-from .tuning_views import _groups
-from .views import _base
+from .access import Viewer, form_post, page
+from .inputs import refusal_errors, validate
+from .views import polled_page
 
 log = logging.getLogger(__name__)
 FIELDS = {"group", "config", "from_study", "plan"}
 CONTROLS = {
-    "pause": ("operator", lambda r, who: service.manual_pause(r, who)),
-    "resume": ("admin", lambda r, who: service.resume(r, who)),
-    "approve": ("admin", lambda r, who: service.approve(r, who)),
-    "promote": ("admin", lambda r, who: service.promote_now(r, who)),
-    "abort": ("admin", lambda r, who: service.abort(r, who)),
-    "retry": ("admin", lambda r, who: service.retry(r, who)),
+    "pause": ("operator", controls.manual_pause),
+    "resume": ("admin", controls.resume),
+    "approve": ("admin", controls.approve),
+    "promote": ("admin", controls.promote_now),
+    "abort": ("admin", controls.abort),
+    "retry": ("admin", controls.retry),
 }
 
 
@@ -43,8 +45,6 @@ def _rollout(viewer: Viewer, rollout_id: int) -> Rollout:
 
 
 def _proposals(viewer: Viewer) -> list[dict]:
-    from tuning.models import StudyState, TuningStudy
-
     return [{"id": s.id, "group": s.group, "version": (s.proposal or {}).get("config_version")}
             for s in TuningStudy.objects.filter(project_id=viewer.project_id, state=StudyState.DONE,
                                                 proposal__isnull=False).order_by("-id")[:20]]
@@ -54,11 +54,11 @@ def _page(request: HttpRequest, viewer: Viewer, **extra) -> HttpResponse:
     rollouts = [service.summary(r) for r in Rollout.objects.filter(project_id=viewer.project_id)
                 .select_related("project").order_by("-id")[:50]]
     active = any(r["state"] in ACTIVE_STATES for r in rollouts)
-    context = {"rollouts": rollouts, "active": active, "groups": _groups(), "proposals": _proposals(viewer),
-               "values": {}, "errors": {}, **extra}
-    if request.headers.get("HX-Request"):
-        return render(request, "dashboards/partials/rollout_list.html", _base(request, viewer, "rollouts", **context))
-    return render(request, "dashboards/rollouts.html", _base(request, viewer, "rollouts", **context))
+    context = {"rollouts": rollouts, "groups": group_names(), "proposals": _proposals(viewer), "values": {},
+               "errors": {}, **extra}
+    return polled_page(request, viewer, "rollouts", template="dashboards/rollouts.html",
+                       partial="dashboards/partials/rollout_list.html", active=active, reload_when_done=False,
+                       **context)
 
 
 @page()
@@ -83,11 +83,8 @@ def _yaml(text: str, field: str, errors: dict) -> object:
     return value
 
 
-@require_http_methods(["POST"])
-@page()
+@form_post("admin", "starting a rollout")
 def rollout_create(request: HttpRequest, viewer: Viewer) -> HttpResponse:
-    if not viewer.can("admin"):
-        return HttpResponseForbidden(f"starting a rollout needs the admin role in project {viewer.project}")
     post = request.POST
     values = {k: post.get(k, "").strip() for k in ("group", "config", "from_study", "plan")}
     errors: dict[str, list[str]] = {}
@@ -110,8 +107,7 @@ def rollout_create(request: HttpRequest, viewer: Viewer) -> HttpResponse:
                                          config=parsed.config, from_study=parsed.from_study, plan=parsed.plan,
                                          created_by=viewer.identity.username, source="dashboard")
     except service.RolloutError as exc:
-        field = exc.field if exc.field in FIELDS else ""
-        return _page(request, viewer, values=values, errors={field: exc.problems})
+        return _page(request, viewer, values=values, errors=refusal_errors(exc, FIELDS))
     log.info("rollout %s started from the dashboard by %s", rollout.id, viewer.identity.username)
     return redirect(reverse("rollout", args=[rollout.id]))
 
@@ -152,12 +148,10 @@ def rollout_detail(request: HttpRequest, viewer: Viewer, rollout_id: int) -> Htt
             svg = distribution_svg(metric)
             if svg:
                 charts.append({"metric": metric, "svg": svg})
-    context = {"rollout": data, "active": rollout.state in ACTIVE_STATES, "latest": latest, "charts": charts,
-               "analyses": list(rollout.analyses.order_by("-at", "-id")[:30])}
-    if request.headers.get("HX-Request"):
-        return render(request, "dashboards/partials/rollout_progress.html",
-                      _base(request, viewer, "rollouts", **context))
-    return render(request, "dashboards/rollout.html", _base(request, viewer, "rollouts", **context))
+    return polled_page(request, viewer, "rollouts", template="dashboards/rollout.html",
+                       partial="dashboards/partials/rollout_progress.html", active=rollout.state in ACTIVE_STATES,
+                       reload_when_done=False, rollout=data, latest=latest, charts=charts,
+                       analyses=list(rollout.analyses.order_by("-at", "-id")[:30]))
 
 
 @require_http_methods(["POST"])
@@ -166,12 +160,11 @@ def rollout_control(request: HttpRequest, viewer: Viewer, rollout_id: int, actio
     if action not in CONTROLS:
         raise Http404("no such control")
     role, do = CONTROLS[action]
-    if not viewer.can(role):
-        return HttpResponseForbidden(f"{action} needs the {role} role in project {viewer.project}")
+    viewer.require(role, action)
     rollout = _rollout(viewer, rollout_id)
     try:
         do(rollout, f"user:{viewer.identity.username}")
-    except (service.RolloutError, service.Conflict) as exc:
+    except (service.RolloutError, Conflict) as exc:
         return HttpResponse(str(exc), status=409, content_type="text/plain; charset=utf-8")
     log.info("rollout %s: %s from the dashboard by %s", rollout.id, action, viewer.identity.username)
     return redirect(reverse("rollout", args=[rollout.id]))

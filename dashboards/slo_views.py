@@ -7,7 +7,7 @@ import datetime as dt
 import logging
 
 from django.db import transaction
-from django.http import Http404, HttpRequest, HttpResponse, HttpResponseForbidden
+from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_http_methods
@@ -25,7 +25,7 @@ WINDOWS = {"6h": dt.timedelta(hours=6), "24h": dt.timedelta(hours=24), "7d": dt.
            "30d": dt.timedelta(days=30)}
 FILTERS = ("service", "model", "prompt_bucket", "engine_config", "replica_group")
 FIELDS = {"name", "description", "sli", "threshold_ms", "objective", "period", "min_requests", "min_bad", "no_data",
-          "repeat_interval", "enabled", *FILTERS}
+          "repeat_interval", "enabled", "include_cached", *FILTERS}
 SLIS = [str(s) for s in LATENCY_SLIS] + ["error_ratio"]
 
 
@@ -101,6 +101,7 @@ def _form_data(post) -> dict:
     if filters:
         data["filters"] = filters
     data["enabled"] = post.get("enabled") == "on"
+    data["include_cached"] = post.get("include_cached") == "on"
     if data.get("sli") == "error_ratio":
         data.pop("threshold_ms", None)
     return data
@@ -109,9 +110,9 @@ def _form_data(post) -> dict:
 def _initial(body: dict | None) -> dict:
     if body is None:
         return {"sli": "ttft_ms", "objective": "99%", "period": "30d", "no_data": "ok", "repeat_interval": "4h",
-                "min_requests": 20, "min_bad": 3, "enabled": True}
+                "min_requests": 20, "min_bad": 3, "enabled": True, "include_cached": False}
     values = {k: body.get(k) for k in ("name", "description", "sli", "threshold_ms", "period", "no_data",
-                                       "repeat_interval", "min_requests", "min_bad", "enabled")}
+                                       "repeat_interval", "min_requests", "min_bad", "enabled", "include_cached")}
     values["objective"] = body["objective_percent"]
     for field in FILTERS:
         values[field] = ", ".join(body["filters"].get(field, []))
@@ -122,14 +123,14 @@ def _initial(body: dict | None) -> dict:
 @page()
 def slo_form(request: HttpRequest, viewer: Viewer, name: str | None = None) -> HttpResponse:
     existing = _slo(viewer, name) if name else None
-    if not viewer.can("operator"):
-        return HttpResponseForbidden(f"editing SLOs needs the operator role in project {viewer.project}")
+    viewer.require("operator", "editing SLOs")
     errors: dict[str, list[str]] = {}
     values = _initial(services.describe(existing, viewer.project) if existing else None)
     status = 200
     if request.method == "POST":
         data = _form_data(request.POST)
-        values = {**{k: request.POST.get(k, "") for k in FIELDS}, "enabled": data["enabled"]}
+        values = {**{k: request.POST.get(k, "") for k in FIELDS}, "enabled": data["enabled"],
+                  "include_cached": data["include_cached"]}
         if existing is not None:
             data.pop("name", None)
         parsed, errors = validate(SloReplacement if existing else NewSlo, data, FIELDS)
@@ -160,8 +161,7 @@ def slo_form(request: HttpRequest, viewer: Viewer, name: str | None = None) -> H
 @page()
 def slo_delete(request: HttpRequest, viewer: Viewer, name: str) -> HttpResponse:
     slo = _slo(viewer, name)
-    if not viewer.can("operator"):
-        return HttpResponseForbidden(f"deleting SLOs needs the operator role in project {viewer.project}")
+    viewer.require("operator", "deleting SLOs")
     slo.delete()
     log.info("SLO %s/%s deleted by %s in the dashboard", viewer.project, name, viewer.identity.username)
     return redirect(reverse("slos"))

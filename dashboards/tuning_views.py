@@ -1,24 +1,26 @@
 """Tuning pages: studies (progress refreshed while they run) and the form that starts one (operators); a study's
-result: workload, SLOs, current against best goodput, the knob diff and why the winner wins, the robust
-re-scoring, parameter importances, the Pareto front (goodput against p99 TTFT), the auto_tune.sh-style grid, the
-confirmation run, and the proposal as a rollout. The form goes through the API's type (tuning.api.NewStudy) and
-the service, so it gives the API's messages."""
+result: workload, SLOs, current against best goodput (on fresh seeds), the knob diff and why the winner wins, the
+re-scoring that chose the winner, parameter importances, the Pareto front (goodput against p99 TTFT), the
+auto_tune.sh-style grid, the confirmation run, and the proposal as a rollout. The form goes through the API's
+type (tuning.api.NewStudy) and the service, so it gives the API's messages."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
-from django.http import Http404, HttpRequest, HttpResponse, HttpResponseForbidden
-from django.shortcuts import redirect, render
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import redirect
 from django.urls import reverse
 from django.views.decorators.http import require_http_methods
+from fleet.state import group_names
 from tenancy.models import Project
 from tuning import service
 from tuning.api import NewStudy
 from tuning.models import ACTIVE_STATES, Objective, TuningStudy
 
-from .access import Viewer, page
-from .inputs import validate
-from .views import _base
+from .access import Viewer, form_post, page
+from .inputs import form_number, refusal_errors, validate
+from .views import polled_page
 
 log = logging.getLogger(__name__)
 STUDY_FIELDS = {"group", "workload", "objective", "trials", "slo", "ttft_ms", "tpot_ms", "e2e_ms", "target",
@@ -33,37 +35,14 @@ def _study(viewer: Viewer, study_id: int) -> TuningStudy:
     return study
 
 
-def _groups() -> list[str]:
-    from observatory.engine_link import fleet_state
-
-    state = fleet_state()
-    groups = [g.get("name") for g in ((state.get("fleet") or {}).get("groups") or [])]
-    if groups:
-        return groups
-    try:
-        from engine.launcher.cli import default_fleet_file
-        from engine.launcher.fleet import FleetSpec
-
-        return [g.name for g in FleetSpec.load(default_fleet_file()).groups]
-    except Exception:  # noqa: BLE001 - no fleet file: the field stays free text
-        return []
-
-
 def _page(request: HttpRequest, viewer: Viewer, **extra) -> HttpResponse:
     studies = [service.summary(s) for s in TuningStudy.objects.filter(project_id=viewer.project_id)
                .select_related("project").order_by("-id")[:50]]
     active = any(s["state"] in ACTIVE_STATES for s in studies)
-    context = {"studies": studies, "active": active, "groups": _groups(), "workloads": WORKLOADS,
-               "objectives": Objective.choices,
-               "values": {"workload": "traffic", "objective": "goodput", "trials": 60, "confirm": True},
-               "errors": {}, **extra}
-    if request.headers.get("HX-Request"):
-        response = render(request, "dashboards/partials/tuning_studies.html",
-                          _base(request, viewer, "tuning", **context))
-        if not active:
-            response["HX-Refresh"] = "true"
-        return response
-    return render(request, "dashboards/tuning.html", _base(request, viewer, "tuning", **context))
+    context = {"studies": studies, "groups": group_names(), "workloads": WORKLOADS, "objectives": Objective.choices,
+               "values": {"workload": "traffic", "objective": "goodput", "trials": 60, "confirm": True}, "errors": {}, **extra}
+    return polled_page(request, viewer, "tuning", template="dashboards/tuning.html",
+                       partial="dashboards/partials/tuning_studies.html", active=active, **context)
 
 
 @page()
@@ -71,21 +50,8 @@ def studies(request: HttpRequest, viewer: Viewer) -> HttpResponse:
     return _page(request, viewer)
 
 
-def _float(text: str):
-    text = (text or "").strip()
-    if not text:
-        return None
-    try:
-        return float(text)
-    except ValueError:
-        return text
-
-
-@require_http_methods(["POST"])
-@page()
+@form_post("operator", "starting a tuning study")
 def study_create(request: HttpRequest, viewer: Viewer) -> HttpResponse:
-    if not viewer.can("operator"):
-        return HttpResponseForbidden(f"starting a tuning study needs the operator role in project {viewer.project}")
     post = request.POST
     values = {k: post.get(k, "").strip() for k in ("group", "workload", "objective", "trials", "ttft_ms",
                                                    "tpot_ms", "e2e_ms", "target", "window_hours")}
@@ -94,12 +60,12 @@ def study_create(request: HttpRequest, viewer: Viewer) -> HttpResponse:
                   "objective": values["objective"] or "goodput", "confirm": values["confirm"]}
     trials = values["trials"]
     data["trials"] = int(trials) if trials.isdigit() else (trials or 60)
-    slo = {k: _float(values[k]) for k in ("ttft_ms", "tpot_ms", "e2e_ms") if values[k]}
+    slo = {k: form_number(values[k]) for k in ("ttft_ms", "tpot_ms", "e2e_ms") if values[k]}
     if slo:
         data["slo"] = slo
     for key in ("target", "window_hours"):
         if values[key]:
-            data[key] = _float(values[key])
+            data[key] = form_number(values[key])
     parsed, errors = validate(NewStudy, data, STUDY_FIELDS)
     if parsed is None:
         for key in ("ttft_ms", "tpot_ms", "e2e_ms"):
@@ -112,10 +78,8 @@ def study_create(request: HttpRequest, viewer: Viewer) -> HttpResponse:
             objective=parsed.objective, trials=parsed.trials, slo=parsed.slo, target=parsed.target,
             confirm=parsed.confirm, window_hours=float(parsed.window_hours), created_by=viewer.identity.username)
     except service.StudyError as exc:
-        field = exc.field if exc.field in STUDY_FIELDS else ""
-        if field == "slo":
-            field = ""
-        return _page(request, viewer, values=values, errors={field: exc.problems})
+        # the SLO as a whole has no field of its own on the form
+        return _page(request, viewer, values=values, errors=refusal_errors(exc, STUDY_FIELDS - {"slo"}))
     log.info("tuning study %s started from the dashboard by %s", study.id, viewer.identity.username)
     return redirect(reverse("tuning-study", args=[study.id]))
 
@@ -144,35 +108,31 @@ def study_detail(request: HttpRequest, viewer: Viewer, study_id: int) -> HttpRes
     study = _study(viewer, study_id)
     data = service.summary(study, detail=True)
     active = study.state in ACTIVE_STATES
-    context = {"study": data, "active": active, "pareto_svg": _pareto_svg(data["pareto"]),
-               "importances": sorted((data.get("importances") or {}).items(), key=lambda kv: -kv[1])}
-    if request.headers.get("HX-Request"):
-        response = render(request, "dashboards/partials/tuning_progress.html",
-                          _base(request, viewer, "tuning", **context))
-        if not active:
-            response["HX-Refresh"] = "true"
-        return response
-    return render(request, "dashboards/tuning_study.html", _base(request, viewer, "tuning", **context))
+    return polled_page(request, viewer, "tuning", template="dashboards/tuning_study.html",
+                       partial="dashboards/partials/tuning_progress.html", active=active, study=data,
+                       pareto_svg=_pareto_svg(data["pareto"]), importances=sorted((data.get("importances") or {}).items(), key=lambda kv: -kv[1]))
+
+
+def _operate(viewer: Viewer, study_id: int, what: str, act: Callable[[TuningStudy], object]) -> HttpResponse:
+    """``act(study)`` by an operator of the study's project, then back to the study's page; a StudyError answers 409
+    with its reason."""
+    viewer.require("operator", what)
+    study = _study(viewer, study_id)
+    try:
+        act(study)
+    except service.StudyError as exc:
+        return HttpResponse(str(exc), status=409, content_type="text/plain; charset=utf-8")
+    return redirect(reverse("tuning-study", args=[study.id]))
 
 
 @require_http_methods(["POST"])
 @page()
 def study_cancel(request: HttpRequest, viewer: Viewer, study_id: int) -> HttpResponse:
-    if not viewer.can("operator"):
-        return HttpResponseForbidden(f"cancelling a study needs the operator role in project {viewer.project}")
-    study = _study(viewer, study_id)
-    service.cancel(study)
-    return redirect(reverse("tuning-study", args=[study.id]))
+    return _operate(viewer, study_id, "cancelling a study", service.cancel)
 
 
 @require_http_methods(["POST"])
 @page()
 def study_propose(request: HttpRequest, viewer: Viewer, study_id: int) -> HttpResponse:
-    if not viewer.can("operator"):
-        return HttpResponseForbidden(f"proposing a rollout needs the operator role in project {viewer.project}")
-    study = _study(viewer, study_id)
-    try:
-        service.propose(study, by=viewer.identity.username)
-    except service.StudyError as exc:
-        return HttpResponse(str(exc), status=409, content_type="text/plain; charset=utf-8")
-    return redirect(reverse("tuning-study", args=[study.id]))
+    return _operate(viewer, study_id, "proposing a rollout",
+                    lambda study: service.propose(study, by=viewer.identity.username))

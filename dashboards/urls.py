@@ -1,4 +1,4 @@
-"""The dashboard's routes (DESIGN.md's stable URLs). A new page: its view, a route here, an entry in nav.PAGES."""
+"""The dashboard's routes (the stable URLs of docs/dashboard.md). A new page: its view, a route here, an entry in nav.PAGES."""
 from django.contrib.auth import views as auth_views
 from django.urls import path
 

@@ -17,6 +17,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 SPECULATIVE_METHODS = ("ngram", "draft_model", "eagle", "eagle3", "mtp", "medusa", "suffix")
 # Methods that run a separate draft network and therefore need its weights.
 DRAFT_MODEL_METHODS = frozenset({"draft_model", "eagle", "eagle3", "medusa"})
@@ -175,8 +177,6 @@ class EngineConfig:
     @classmethod
     def load(cls, path: str) -> EngineConfig:
         """Read a YAML or JSON file (YAML is a superset of JSON)."""
-        import yaml
-
         with open(path, encoding="utf-8") as handle:
             try:
                 data = yaml.safe_load(handle)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from urllib.parse import unquote
 
 from opentelemetry.propagators.textmap import Getter, Setter
 from opentelemetry.sdk.resources import Resource
@@ -23,6 +24,9 @@ ENGINE_CONFIG_ATTRIBUTE = "llm_observatory.engine_config"
 REPLICA_GROUP_ATTRIBUTE = "llm_observatory.replica_group"
 # Resource attribute naming the served model: vLLM's llm_request span leaves gen_ai.response.model out.
 MODEL_ATTRIBUTE = "llm_observatory.model"
+# The OTel GenAI convention's prompt tokens served from a cache (vLLM's prefix cache: its usage's
+# prompt_tokens_details.cached_tokens), on the gateway's span and the simulator's llm_request span.
+CACHE_READ_ATTRIBUTE = "gen_ai.usage.cache_read.input_tokens"
 
 PROPAGATOR = TraceContextTextMapPropagator()
 
@@ -31,8 +35,6 @@ _PROTOCOLS = ("grpc", "http/protobuf")
 
 def _parse_headers(text: str | None) -> dict[str, str]:
     """``key=value,key2=value2`` as in OTEL_EXPORTER_OTLP_HEADERS (values may be URL-encoded)."""
-    from urllib.parse import unquote
-
     headers: dict[str, str] = {}
     for item in (text or "").split(","):
         if "=" in item:

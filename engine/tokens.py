@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import random
 import re
+import zlib
 
 _TOKEN = re.compile(r"\w+|[^\w\s]", re.UNICODE)
 
@@ -38,8 +39,6 @@ def token_ends(text: str) -> list[int]:
 
 def token_ids(text: str, vocab_size: int = 128_256) -> list[int]:
     """Stable ids for the tokens of ``text`` (for prefix-cache block hashing); same text → same ids."""
-    import zlib
-
     return [zlib.crc32(match.group().encode("utf-8")) % vocab_size for match in _TOKEN.finditer(text)]
 
 

@@ -8,14 +8,20 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import time
 import uuid
 from pathlib import Path
 
 import pytest
-from observatory.bench.harness import PlatformProcess
+from benchkit.harness import PlatformProcess
+from fleet_support import close_finished_worlds
 from otlp_live_helpers import _drop_database, _server_mode_database
 
 TESTS = Path(__file__).resolve().parent
+# The periodic calibration of engine models (tuning.calibrate_groups) would fit every group with an hour's traffic
+# in the background of unrelated live tests (tens of CPU seconds each): off in every platform the tests start,
+# unless a test turns it on. Its tests call it directly.
+os.environ.setdefault("TUNING_CALIBRATION_INTERVAL_SECONDS", "0")
 # Tests that touch neither the metadata database nor the broker run the same in both modes: the engine (its
 # simulator, gateway, launcher, real vLLM; no Django), the collectors, and modules marked mode_independent (pure
 # statistics, plans, searches in the simulator, the OTLP pipeline's spool and ClickHouse, where the database only
@@ -38,6 +44,11 @@ def assigned_suite(item) -> str | None:
         return marker.kwargs.get("suite", "embedded")
     parts = Path(str(item.fspath)).resolve().relative_to(TESTS).parts
     return SUITE_OF_DIRECTORY.get(parts[0])
+
+
+@pytest.hookimpl(trylast=True)  # after the test's own and its module's fixtures are torn down
+def pytest_runtest_teardown(item, nextitem):
+    close_finished_worlds(item, nextitem)
 
 
 def pytest_collection_modifyitems(config, items):
@@ -154,18 +165,11 @@ def platform_process():
             _drop_database(database[0], database[1])
 
 
-# ---------------------------------------------------------------------------------------------- real vLLM
-# The tests that run real vLLM (its CPU build, `make vllm`) skip where it is not installed, saying so, unless
-# OBSERVATORY_REQUIRE_VLLM=1 (set by .ci/run, which installs it): then its absence fails them. .ci/run runs them
-# in the embedded-mode suite only (OBSERVATORY_REAL_VLLM=0 in server mode): the two suites run side by side on
-# two cores, and two sets of vLLM processes would slow both; the vLLM path does not touch PostgreSQL or Redis.
+# ---------------------------------------------------------------------------------------------- installs
 def wait_for_install(variable: str, target: str, timeout: float = 1800) -> None:
     """.ci/run starts the suites while `make vllm` and `make stack` still run (the suites' first minutes need
     neither), naming in ``variable`` the file each install writes its exit status to when it ends: wait for it,
     and fail at once, pointing at the log, if the install failed. Without the variable (make test), return."""
-    import time
-    from pathlib import Path
-
     path = os.environ.get(variable)
     if not path:
         return
@@ -180,6 +184,11 @@ def wait_for_install(variable: str, target: str, timeout: float = 1800) -> None:
         pytest.fail(f"`make {target}` failed (exit status {code}); its log is {status.with_suffix('.log')}")
 
 
+# ---------------------------------------------------------------------------------------------- real vLLM
+# The tests that run real vLLM (its CPU build, `make vllm`) skip where it is not installed, saying so, unless
+# OBSERVATORY_REQUIRE_VLLM=1 (set by .ci/run, which installs it): then its absence fails them. .ci/run runs them
+# in the embedded-mode suite only (OBSERVATORY_REAL_VLLM=0 in server mode): the two suites run side by side on
+# two cores, and two sets of vLLM processes would slow both; the vLLM path does not touch PostgreSQL or Redis.
 @pytest.fixture(scope="session")
 def real_vllm_executable() -> str:
     from pathlib import Path
@@ -234,19 +243,50 @@ def stack_python() -> str:
 
 
 # The dashboard's browser tests drive Debian's Chromium (`apt-get install chromium`; .ci/run installs it) through
-# Playwright with the system executable (Playwright's own browser download cannot work here). Skipped without it,
-# unless OBSERVATORY_REQUIRE_BROWSER=1 (CI), which makes its absence a failure.
+# Playwright (a dependency of the project) with the system executable (Playwright's own browser download cannot work
+# here). Skipped without either, unless OBSERVATORY_REQUIRE_BROWSER=1 (CI), which makes its absence a failure.
+def browser_missing(message: str) -> None:
+    """Fail (OBSERVATORY_REQUIRE_BROWSER=1) or skip, saying what is missing."""
+    if os.environ.get("OBSERVATORY_REQUIRE_BROWSER") == "1":
+        pytest.fail(message + "; OBSERVATORY_REQUIRE_BROWSER=1 says it must be here")
+    pytest.skip(message)
+
+
 @pytest.fixture(scope="session")
 def chromium_executable() -> str:
     import shutil
 
     executable = os.environ.get("OBSERVATORY_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
     if not executable:
-        message = "Chromium is not installed (apt-get install chromium; CI installs it)"
-        if os.environ.get("OBSERVATORY_REQUIRE_BROWSER") == "1":
-            pytest.fail(message + "; OBSERVATORY_REQUIRE_BROWSER=1 says it must be here")
-        pytest.skip(message)
+        browser_missing("Chromium is not installed (apt-get install chromium; CI installs it)")
     return executable
+
+
+@pytest.fixture(scope="session")
+def playwright_api(chromium_executable):
+    """playwright.sync_api, for the browser tests (with Chromium there to drive)."""
+    try:
+        import playwright.sync_api
+    except ImportError as exc:
+        browser_missing(f"Playwright cannot be imported ({exc}; make install installs it)")
+    return playwright.sync_api
+
+
+@pytest.fixture(scope="module")
+def browser(playwright_api, chromium_executable):
+    """Chromium, launched once for the tests of a module (each opens contexts of its own: browser_support.py)."""
+    with playwright_api.sync_playwright() as p:
+        instance = p.chromium.launch(executable_path=chromium_executable, args=["--no-sandbox"])
+        yield instance
+        instance.close()
+
+
+@pytest.fixture(scope="module")
+def shots(tmp_path_factory) -> Path:
+    """Where the browser tests' screenshots go: $OBSERVATORY_SCREENSHOTS, else a temporary directory."""
+    directory = Path(os.environ.get("OBSERVATORY_SCREENSHOTS") or tmp_path_factory.mktemp("screenshots"))
+    directory.mkdir(parents=True, exist_ok=True)
+    return directory
 
 
 @pytest.fixture(scope="session")

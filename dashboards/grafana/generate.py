@@ -2,77 +2,35 @@
 
 - `observatory-platform.json`: the platform's own /metrics: ingest, decomposition lag, SLO state, budget and burn
   rates, alerts, notification deliveries.
+- `gateway.json`: the engine gateway's /metrics (`llm_gateway_*`): traffic, overhead, and its response cache (hit
+  ratio by kind and per group, lookups by result, misses by reason, lookup time, entries and bytes, evictions,
+  stores).
 - `vllm.json`: vLLM's /metrics with today's names (vLLM 0.32: `vllm:inter_token_latency_seconds` and
   `vllm:request_time_per_output_token_seconds`, not the removed `vllm:time_per_output_token_seconds`), and each
   per-request mean as rate(_sum) / rate(_count) (vLLM's own example dashboard plots rate(_sum) alone, which is a
   sum of seconds per second, not a latency).
+- `caches.json` (dashboards/grafana/caches.py): the request rows' cache figures in the platform's ClickHouse store,
+  through Grafana's ClickHouse plugin: the prefix cache's hit ratios over time and by model, service, replica group
+  and prompt-length bucket, prefill time per uncached prompt token, the share of requests by what served them.
 
 The JSON files are generated, committed, and checked by tests/dashboards/test_grafana.py (the files equal this
-output; every PromQL expression passes `promtool check rules`). Both take the Prometheus data source as the
-`${datasource}` variable, so they provision into any Grafana (dashboards/grafana/README.md).
+output; every PromQL expression passes `promtool check rules`; every SQL query, expanded as Grafana and the plugin
+expand it, returns the rows' figures on a real store). Each takes its data source as the `${datasource}` variable,
+so they provision into any Grafana (dashboards/grafana/README.md).
 """
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+from .board import PROMETHEUS, Board
+from .caches import caches_board
+
 HERE = Path(__file__).resolve().parent
-DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
-
-
-class Board:
-    def __init__(self, uid: str, title: str, tags: list[str], variables: list[dict]):
-        self.uid, self.title, self.tags, self.variables = uid, title, tags, variables
-        self.panels: list[dict] = []
-        self.y = 0
-        self.x = 0
-
-    def row(self, title: str) -> None:
-        if self.x:
-            self.y += 8
-            self.x = 0
-        self.panels.append({"type": "row", "title": title, "collapsed": False, "id": len(self.panels) + 1,
-                            "gridPos": {"h": 1, "w": 24, "x": 0, "y": self.y}, "panels": []})
-        self.y += 1
-
-    def panel(self, title: str, targets: list[tuple[str, str]], unit: str = "short", kind: str = "timeseries",
-              width: int = 8, description: str = "", stack: bool = False, thresholds: list[float] | None = None) -> None:
-        if self.x + width > 24:
-            self.y += 8
-            self.x = 0
-        defaults: dict = {"unit": unit}
-        if kind == "timeseries":
-            defaults["custom"] = {"drawStyle": "line", "lineWidth": 1, "fillOpacity": 30 if stack else 0,
-                                  "stacking": {"mode": "normal" if stack else "none", "group": "A"},
-                                  "spanNulls": False, "showPoints": "never"}
-        if thresholds:
-            defaults["thresholds"] = {"mode": "absolute", "steps": [{"color": "green", "value": None}] + [
-                {"color": "red", "value": t} for t in thresholds]}
-            if kind == "timeseries":
-                defaults["custom"]["thresholdsStyle"] = {"mode": "dashed"}
-        self.panels.append({
-            "type": kind, "title": title, "description": description, "id": len(self.panels) + 1,
-            "datasource": DATASOURCE, "gridPos": {"h": 8, "w": width, "x": self.x, "y": self.y},
-            "fieldConfig": {"defaults": defaults, "overrides": []},
-            "options": {"legend": {"displayMode": "list", "placement": "bottom"}, "tooltip": {"mode": "multi"}}
-            if kind == "timeseries" else {},
-            "targets": [{"refId": chr(ord("A") + i), "expr": expr, "legendFormat": legend, "datasource": DATASOURCE}
-                        for i, (expr, legend) in enumerate(targets)],
-        })
-        self.x += width
-
-    def json(self) -> dict:
-        return {
-            "uid": self.uid, "title": self.title, "tags": self.tags, "editable": True, "schemaVersion": 39,
-            "version": 1, "refresh": "30s", "time": {"from": "now-6h", "to": "now"}, "timezone": "utc",
-            "graphTooltip": 1, "panels": self.panels, "annotations": {"list": []},
-            "templating": {"list": [{"name": "datasource", "type": "datasource", "query": "prometheus",
-                                     "label": "Prometheus", "current": {}}] + self.variables},
-        }
 
 
 def _variable(name: str, query: str, label: str) -> dict:
-    return {"name": name, "label": label, "type": "query", "datasource": DATASOURCE, "refresh": 2,
+    return {"name": name, "label": label, "type": "query", "datasource": PROMETHEUS, "refresh": 2,
             "query": {"query": query, "refId": name}, "definition": query, "includeAll": True, "multi": True,
             "allValue": ".*", "current": {}}
 
@@ -184,10 +142,11 @@ def vllm_board() -> dict:
         (f"sum by (model_name) (rate(vllm:prompt_tokens_total{selector}[5m]))", "prompt {{model_name}}"),
         (f"sum by (model_name) (rate(vllm:generation_tokens_total{selector}[5m]))", "generated {{model_name}}"),
     ])
-    board.panel("Prefix cache hit rate", [
-        (f"sum(rate(vllm:prefix_cache_hits_total{selector}[5m])) / "
-         f"sum(rate(vllm:prefix_cache_queries_total{selector}[5m]))", "hit rate"),
-    ], unit="percentunit")
+    board.panel("Prefix cache hit ratio (cached / queried prompt tokens) per replica group", [
+        (f"sum by (replica_group) (rate(vllm:prefix_cache_hits_total{selector}[5m])) / "
+         f"sum by (replica_group) (rate(vllm:prefix_cache_queries_total{selector}[5m]))", "{{replica_group}}"),
+    ], unit="percentunit", description="Per the replica_group label of the scrape target (give each replica's target "
+                                       "its group: dashboards/grafana/README.md); one series without it.")
     board.panel("Speculative decoding acceptance (accepted / draft tokens)", [
         (f"sum by (engine) (rate(vllm:spec_decode_num_accepted_tokens_total{selector}[5m])) / "
          f"sum by (engine) (rate(vllm:spec_decode_num_draft_tokens_total{selector}[5m]))", "{{engine}}"),
@@ -199,7 +158,64 @@ def vllm_board() -> dict:
     return board.json()
 
 
-BOARDS = {"observatory-platform.json": platform_board, "vllm.json": vllm_board}
+def gateway_board() -> dict:
+    group = 'group=~"$group"'
+    board = Board("llm-observatory-gateway", "LLM observatory: gateway", ["llm-observatory", "gateway"], [
+        _variable("group", "label_values(llm_gateway_requests_total, group)", "Replica group"),
+    ])
+    board.row("Traffic")
+    board.panel("Requests per second by replica group and status", [
+        (f"sum by (group, code) (rate(llm_gateway_requests_total{{{group}}}[5m]))", "{{group}} {{code}}"),
+    ], unit="reqps")
+    board.panel("Gateway overhead per request (p50, p95, p99)", [
+        (f"histogram_quantile({q}, sum by (le) (rate(llm_gateway_overhead_seconds_bucket[5m])))", f"p{int(q * 100)}")
+        for q in (0.5, 0.95, 0.99)
+    ], unit="s")
+    board.panel("Arrival to last byte, p95 by replica group", [
+        (f"histogram_quantile(0.95, sum by (le, group) (rate(llm_gateway_request_duration_seconds_bucket{{{group}}}"
+         "[5m])))", "{{group}}"),
+    ], unit="s")
+    board.row("Gateway response cache")
+    board.panel("Hit ratio by kind (hits / lookups of that kind; semantic looks up exact misses)", [
+        (f"sum by (kind) (rate(llm_gateway_cache_lookups_total{{{group}, result=\"hit\"}}[5m])) / "
+         f"sum by (kind) (rate(llm_gateway_cache_lookups_total{{{group}}}[5m]))", "{{kind}}"),
+        (f"sum(rate(llm_gateway_cache_requests_total{{{group}, result=\"hit\"}}[5m])) / "
+         f"sum(rate(llm_gateway_cache_requests_total{{{group}}}[5m]))", "requests answered from the cache"),
+    ], unit="percentunit")
+    board.panel("Share of requests answered from the cache, by replica group and kind", [
+        (f"sum by (group, served_from) (rate(llm_gateway_cache_hits_total{{{group}}}[5m])) / on (group) group_left () "
+         f"sum by (group) (rate(llm_gateway_cache_requests_total{{{group}}}[5m]))", "{{group}} {{served_from}}"),
+    ], unit="percentunit", description="Of the requests of groups with a response cache.")
+    board.panel("Requests by cache result, lookups by kind and result (per second)", [
+        (f"sum by (result) (rate(llm_gateway_cache_requests_total{{{group}}}[5m]))", "requests: {{result}}"),
+        (f"sum by (kind, result) (rate(llm_gateway_cache_lookups_total{{{group}}}[5m]))", "{{kind}} lookups: {{result}}"),
+    ], unit="ops")
+    board.panel("Misses by kind and reason (per second)", [
+        (f"sum by (kind, reason) (rate(llm_gateway_cache_misses_total{{{group}}}[5m]))", "{{kind}}: {{reason}}"),
+    ], unit="ops")
+    board.panel("Lookup time by step (p50, p95): exact lookup, embedding call, semantic search", [
+        (f"histogram_quantile({q}, sum by (le, kind) (rate(llm_gateway_cache_lookup_seconds_bucket[5m])))",
+         f"{{{{kind}}}} p{int(q * 100)}") for q in (0.5, 0.95)
+    ], unit="s")
+    board.panel("Evictions by kind and reason (per second)", [
+        (f"sum by (kind, reason) (rate(llm_gateway_cache_evictions_total{{{group}}}[5m]))", "{{kind}}: {{reason}}"),
+    ], unit="ops")
+    board.panel("Entries held, by replica group and kind", [
+        (f"sum by (group, kind) (llm_gateway_cache_entries{{{group}}})", "{{group}} {{kind}}"),
+    ])
+    board.panel("Bytes held, by replica group and kind", [
+        (f"sum by (group, kind) (llm_gateway_cache_bytes{{{group}}})", "{{group}} {{kind}}"),
+    ], unit="bytes")
+    board.panel("Answers offered to the cache, by outcome (per second)", [
+        (f"sum by (outcome) (rate(llm_gateway_cache_stores_total{{{group}}}[5m]))", "{{outcome}}"),
+    ], unit="ops")
+    return board.json()
+
+
+# Over Prometheus (PromQL targets) and over the platform's ClickHouse store (SQL targets of the ClickHouse plugin).
+PROMETHEUS_BOARDS = {"observatory-platform.json": platform_board, "gateway.json": gateway_board, "vllm.json": vllm_board}
+CLICKHOUSE_BOARDS = {"caches.json": caches_board}
+BOARDS = {**PROMETHEUS_BOARDS, **CLICKHOUSE_BOARDS}
 
 
 def render(name: str) -> str:

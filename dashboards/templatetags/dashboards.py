@@ -1,6 +1,9 @@
 """Formatting for the dashboard's templates. Everything returned is plain text: the templates escape it."""
 from __future__ import annotations
 
+import datetime as dt
+import json
+
 from django import template
 
 register = template.Library()
@@ -39,6 +42,24 @@ def ms(value) -> str:
 def percent(value) -> str:
     value = _number(value)
     return "–" if value is None else f"{100.0 * value:.2f}%"
+
+
+@register.filter
+def share_of(part, whole) -> str:
+    """part / whole as a percentage ('–' when either is missing or whole is not positive)."""
+    part, whole = _number(part), _number(whole)
+    if part is None or whole is None or whole <= 0:
+        return "–"
+    return f"{100.0 * part / whole:.0f}%"
+
+
+SERVED_FROM = {"engine": "engine", "exact_cache": "exact cache", "semantic_cache": "semantic cache"}
+
+
+@register.filter
+def served(value) -> str:
+    """What answered a request (a row's served_from) in words; '–' when unknown."""
+    return SERVED_FROM.get(value, value) if value else "–"
 
 
 @register.filter
@@ -132,8 +153,6 @@ def isotime(value) -> str:
 @register.filter
 def pretty_json(value) -> str:
     """Indented JSON of a config or document (for a <pre>)."""
-    import json
-
     return json.dumps(value, indent=2, sort_keys=True, default=str)
 
 
@@ -149,8 +168,6 @@ def slo_name(metric: str) -> str:
 @register.filter
 def epoch_time(value) -> str:
     """An epoch (seconds) as HH:MM:SS UTC."""
-    import datetime as dt
-
     try:
         return dt.datetime.fromtimestamp(float(value), dt.timezone.utc).strftime("%H:%M:%S")
     except (TypeError, ValueError, OverflowError, OSError):

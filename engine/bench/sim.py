@@ -24,6 +24,9 @@ from collections.abc import Sequence
 
 from engine.cli_args import non_negative_int, positive_float
 from engine.config import EngineConfig
+from engine.sim.calibration import run_calibration
+from engine.sim.virtual import simulate
+from engine.sim.workload import poisson_sharegpt
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -37,10 +40,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from engine.sim.calibration import run_calibration
-    from engine.sim.virtual import simulate
-    from engine.sim.workload import poisson_sharegpt
-
     started = time.perf_counter()
     requests = poisson_sharegpt(args.rate, duration=args.duration, seed=args.seed)
     generated = time.perf_counter() - started

@@ -41,13 +41,17 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 
+from prometheus_client.parser import text_string_to_metric_families
+
+import engine.sim.profiles as profiles
 from engine.config import EngineConfig
 from engine.launcher.vllm_command import find_vllm_executable, render_vllm_command
-from engine.sim.core import SimRequest
 from engine.sim.profiles import CPU_CONSTANTS_ENV, CPU_FITTED_CONSTANTS, HardwareProfile, hardware_profile
+from engine.sim.request import SimRequest
 from engine.sim.virtual import LatencyStats, simulate
 
 DEFAULT_MODEL = ".data/models/tiny-study"
@@ -165,8 +169,6 @@ class RealVllm:
         self.ready_s = math.nan
 
     def start(self, timeout: float = 300.0) -> None:
-        import urllib.request
-
         env = {**os.environ, **self.command.env}
         env.pop("VLLM_CPU_KVCACHE_SPACE", None)
         started = time.monotonic()
@@ -201,10 +203,6 @@ class RealVllm:
             self.process.wait()
 
     def metrics(self) -> dict[str, float]:
-        import urllib.request
-
-        from prometheus_client.parser import text_string_to_metric_families
-
         with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=10) as answer:
             text = answer.read().decode("utf-8")
         totals: dict[str, float] = {}
@@ -584,8 +582,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                 {name: float(getattr(profile, name)) for name in FITTED}, indent=2) + "\n", encoding="utf-8")
             print(f"# fitted constants written to {args.write_constants} ({CPU_CONSTANTS_ENV}={args.write_constants} "
                   "simulates this host)")
-        import engine.sim.profiles as profiles
-
         os.environ.pop(CPU_CONSTANTS_ENV, None)
         profiles.HARDWARE_PROFILES["CPU"] = profile  # the comparison below uses the fitted constants
     report: dict[str, dict] = {}

@@ -21,6 +21,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from engine.gateway.admission import AdmissionController
+from engine.gateway.cache import CacheRegistry
 from engine.gateway.errors import GatewayError, error_response
 from engine.gateway.health import UpstreamMonitor
 from engine.gateway.metrics import GatewayMetrics
@@ -45,13 +46,16 @@ class Gateway:
         self.table = RouteTable(settings.groups, random.Random(settings.rng_seed))
         self.admission = AdmissionController(settings.max_concurrency, settings.max_queue, settings.max_queue_wait_s)
         self.metrics = GatewayMetrics(self.table, self.admission)
+        self.session: aiohttp.ClientSession | None = None
+        self.caches = CacheRegistry(self.metrics, lambda: self.session)
+        self.caches.update(self.table.specs())
+        self.metrics.watch_caches(self.caches)
         self._owned_provider = None
         if tracer_provider is None:
             tracer_provider = self._owned_provider = build_tracer_provider(settings.service_name)
         self.tracer_provider = tracer_provider
         self.tracer = tracer_provider.get_tracer(TRACER_NAME)
         self.monitor = UpstreamMonitor(self.table, settings, rechecks=self.metrics.rechecks)
-        self.session: aiohttp.ClientSession | None = None
         self._watched: set[Exchange] = set()
 
     # Exchanges waiting on an upstream are watched so a vanished client gets its upstream request closed even
@@ -84,6 +88,7 @@ class Gateway:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            await self.caches.close()
             await self.session.close()
             if self._owned_provider is not None:
                 self._owned_provider.shutdown()
@@ -126,6 +131,7 @@ class Gateway:
             self.table.replace(parse_route_update(document, self.table.specs()))
         except RoutesError as exc:
             raise GatewayError(400, str(exc), "invalid_routes") from None
+        self.caches.update(self.table.specs())
         log.info("routes changed by %s: %s", request.remote,
                  ", ".join(f"{g.name}={g.weight:g}×{len(g.upstreams)}" for g in self.table.groups))
         self.monitor.wake()  # probe new replicas now rather than at the next interval

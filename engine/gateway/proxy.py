@@ -26,12 +26,14 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from engine.gateway.admission import Overloaded
+from engine.gateway.cache_answers import hit_document, render_stream
+from engine.gateway.cache_keys import BODY_FLAG, HEADER, read_directives, read_threshold
 from engine.gateway.errors import GatewayError, error_body, error_response
 from engine.gateway.health import describe_failure
 from engine.gateway.metrics import NO_GROUP
 from engine.gateway.routing import Upstream
 from engine.gateway.sse import SseRelay
-from engine.telemetry import REPLICA_GROUP_ATTRIBUTE, extract_context, inject_context
+from engine.telemetry import CACHE_READ_ATTRIBUTE, REPLICA_GROUP_ATTRIBUTE, extract_context, inject_context
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +51,7 @@ _PASSED_BACK_HEADERS = ("Retry-After", "X-Request-Id")
 GROUP_HEADER = "X-Engine-Group"
 _MAX_MODEL_NAME = 512
 CLIENT_CLOSED = 499  # nginx's code for "client closed the request", used in metrics and spans
+_MAX_CACHED_TOKENS = 2**31 - 1  # more than any context holds: a bound for an answer that gives no prompt count
 
 
 async def read_bounded(request: web.BaseRequest, limit: int, timeout_s: float) -> bytes:
@@ -191,6 +194,11 @@ class Exchange:
         self.keep_usage_chunk = True
         self.sse: SseRelay | None = None
         self.watchdog = _Watchdog(self)
+        # The response cache of the request's group, if it has one (cache.py): the lookup, and the answer to store.
+        self.cache = None
+        self.cache_lookup = None
+        self.capture = None
+        self.answer_body: bytes | None = None
 
     # --- lifecycle -----------------------------------------------------------------------------------------
 
@@ -236,6 +244,11 @@ class Exchange:
         body = await read_bounded(self.request, self.settings.max_body_bytes, self.settings.client_body_timeout_s)
         payload = self._parse(body)
         await self._check_model()
+        preferred, pinned = self._route()
+        body, payload = await self._consult_cache(body, payload, preferred)
+        if self.cache_lookup is not None and self.cache_lookup.answer is not None:
+            await self._serve_cached(preferred, payload)
+            return
         try:
             self.queue_wait = await self.gateway.admission.acquire()
         except Overloaded as exc:
@@ -245,9 +258,69 @@ class Exchange:
         try:
             self.gateway.metrics.queue_wait.observe(self.queue_wait)
             upstream_body, headers = self._upstream_request(body, payload)
-            await self._forward(upstream_body, headers)
+            await self._forward(upstream_body, headers, preferred, pinned)
         finally:
             self.gateway.admission.release()
+        self._store_answer(preferred)
+
+    def _route(self) -> tuple[str, bool]:
+        """The group the request goes to first, and whether ``X-Engine-Group`` pinned it there."""
+        table = self.gateway.table
+        pinned = self.request.headers.get(GROUP_HEADER)
+        if pinned is None:
+            return table.choose_group().name, False
+        if table.group(pinned) is None:
+            raise GatewayError(400, f"{GROUP_HEADER}: no replica group named {pinned[:100]!r} "
+                                    f"(groups: {', '.join(g.name for g in table.groups)})", "unknown_group")
+        return pinned, True
+
+    # --- response cache (cache.py): looked up before admission, stored after a complete answer ------------
+
+    async def _consult_cache(self, body: bytes, payload: dict, group: str) -> tuple[bytes, dict]:
+        directives = read_directives(self.request.headers, payload)
+        if BODY_FLAG in payload:  # the gateway's own flag never goes upstream
+            payload = {key: value for key, value in payload.items() if key != BODY_FLAG}
+            body = orjson.dumps(payload)
+        cache = self.gateway.caches.get(group)
+        threshold = read_threshold(self.request.headers, cache is not None and cache.client_threshold)
+        if cache is not None:
+            self.cache = cache
+            lookup = self.cache_lookup = await cache.lookup(self.request.headers, payload, self.operation, directives,
+                                                            threshold)
+            self.span.set_attributes(lookup.attributes())
+            if lookup.pending is not None and self.stream:
+                self.capture = cache.capture()
+        return body, payload
+
+    async def _serve_cached(self, group: str, payload: dict) -> None:
+        self.group = group
+        document = hit_document(self.cache_lookup.answer, self.operation)
+        self._note_document(document)
+        if not self.stream:
+            await self._send(web.Response(status=200, body=orjson.dumps(document), headers={
+                "Content-Type": "application/json", HEADER: self._served_from()}))
+            return
+        include_usage = (payload.get("stream_options") or {}).get("include_usage") is True
+        await self._write_stream(render_stream(document, self.operation, include_usage), "text/event-stream")
+        await self._finish_stream()
+
+    def _served_from(self) -> str | None:
+        """The cache that answered (``exact_cache``/``semantic_cache``, the response's cache header); None when none
+        did."""
+        return self.cache_lookup.served_from if self.cache_lookup is not None else None
+
+    def _store_answer(self, group: str) -> None:
+        lookup = self.cache_lookup
+        if lookup is None or lookup.pending is None or self.status != 200 or self.error_type is not None:
+            return
+        if self.group != group:
+            self.cache.skip_store("failover")
+        elif self.answer_body is not None:
+            self.cache.store_later(lookup.pending, self.operation, body=self.answer_body)
+        elif self.capture is not None and self.sse is not None and self.sse.done:
+            self.cache.store_later(lookup.pending, self.operation, capture=self.capture)
+        else:
+            self.cache.skip_store("unfinished")
 
     # --- request -------------------------------------------------------------------------------------------
 
@@ -317,24 +390,16 @@ class Exchange:
 
     # --- upstream ------------------------------------------------------------------------------------------
 
-    async def _forward(self, body: bytes, headers: dict[str, str]) -> None:
+    async def _forward(self, body: bytes, headers: dict[str, str], preferred: str, pinned: bool) -> None:
         table = self.gateway.table
         metrics = self.gateway.metrics
-        pinned = self.request.headers.get(GROUP_HEADER)
-        if pinned is not None:
-            if table.group(pinned) is None:
-                raise GatewayError(400, f"{GROUP_HEADER}: no replica group named {pinned[:100]!r} "
-                                        f"(groups: {', '.join(g.name for g in table.groups)})", "unknown_group")
-            preferred = pinned
-        else:
-            preferred = table.choose_group().name
         tried: list[Upstream] = []
         last_failure: _AttemptFailed | None = None
         rechecked = False
         self.watchdog.start()
         try:
             while True:
-                upstream = table.pick(self.model, preferred, tried, pinned=pinned is not None)
+                upstream = table.pick(self.model, preferred, tried, pinned=pinned)
                 if upstream is None:
                     # None in rotation: one out of it may be back since its last probe (a restarted replica).
                     if rechecked or not await self.gateway.monitor.recheck(self.model, exclude=tried):
@@ -475,6 +540,8 @@ class Exchange:
         body = b"".join(chunks)
         if response.status == 200 and "json" in content_type:
             self._note_completion(body)
+            if self.cache_lookup is not None:
+                self.answer_body = body
         elif response.status >= 400:
             self._fail(str(response.status), _upstream_error_message(body, response.status))
         headers = {"Content-Type": content_type or "application/octet-stream"}
@@ -488,8 +555,10 @@ class Exchange:
             document = orjson.loads(body)
         except orjson.JSONDecodeError:
             return
-        if not isinstance(document, dict):
-            return
+        if isinstance(document, dict):
+            self._note_document(document)
+
+    def _note_document(self, document: dict) -> None:
         finish_reasons = {}
         choices = document.get("choices")
         if isinstance(choices, list):
@@ -511,6 +580,13 @@ class Exchange:
                 value = usage.get(source)
                 if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
                     attributes[attribute] = value
+            # vLLM's prefix-cache hits (--enable-prompt-tokens-details); left out when the engine did not say or
+            # said something that is no count of the prompt's tokens.
+            details = usage.get("prompt_tokens_details")
+            cached = details.get("cached_tokens") if isinstance(details, dict) else None
+            bound = min(attributes.get("gen_ai.usage.input_tokens", _MAX_CACHED_TOKENS), _MAX_CACHED_TOKENS)
+            if isinstance(cached, int) and not isinstance(cached, bool) and 0 <= cached <= bound:
+                attributes[CACHE_READ_ATTRIBUTE] = cached
         if finish_reasons:
             attributes["gen_ai.response.finish_reasons"] = [finish_reasons[k] for k in sorted(finish_reasons)]
         self.span.set_attributes(attributes)
@@ -521,6 +597,8 @@ class Exchange:
             chunk = await self._read(response)
             if not chunk:
                 break
+            if self.capture is not None:
+                self.capture.add(chunk)
             data = relay.feed(chunk)
             if data:
                 await self._write_stream(data, content_type)
@@ -536,8 +614,11 @@ class Exchange:
         await self._finish_stream()
 
     async def _start_stream(self, content_type: str) -> None:
-        response = web.StreamResponse(status=200, headers={
-            "Content-Type": content_type, "Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        headers = {"Content-Type": content_type, "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+        served_from = self._served_from()
+        if served_from is not None:
+            headers[HEADER] = served_from
+        response = web.StreamResponse(status=200, headers=headers)
         self.response = response
         self.status = 200
         try:

@@ -12,12 +12,14 @@ that was removed finish normally.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import random
 import time
 from collections.abc import Collection, Iterable, Mapping
 from urllib.parse import urlsplit
 
+from engine.gateway.cache_config import CacheSpec
 from engine.gateway.settings import GroupSpec, RoutesError, check_groups
 
 log = logging.getLogger(__name__)
@@ -80,15 +82,16 @@ class Upstream:
 
 
 class ReplicaGroup:
-    __slots__ = ("name", "weight", "upstreams")
+    __slots__ = ("name", "weight", "upstreams", "cache")
 
-    def __init__(self, name: str, weight: float, upstreams: tuple[Upstream, ...]):
+    def __init__(self, name: str, weight: float, upstreams: tuple[Upstream, ...], cache: CacheSpec | None = None):
         self.name = name
         self.weight = weight
         self.upstreams = upstreams
+        self.cache = cache
 
     def spec(self) -> GroupSpec:
-        return GroupSpec(self.name, self.weight, tuple(u.url for u in self.upstreams))
+        return GroupSpec(self.name, self.weight, tuple(u.url for u in self.upstreams), self.cache)
 
 
 class RouteTable:
@@ -122,7 +125,7 @@ class RouteTable:
                     upstream = Upstream(url, spec.name)
                 upstream.group = spec.name
                 members.append(upstream)
-            groups.append(ReplicaGroup(spec.name, spec.weight, tuple(members)))
+            groups.append(ReplicaGroup(spec.name, spec.weight, tuple(members), spec.cache))
         self._groups = tuple(groups)
 
     def set_weights(self, weights: Mapping[str, float]) -> None:
@@ -131,9 +134,7 @@ class RouteTable:
         unknown = sorted(set(weights) - known)
         if unknown:
             raise RoutesError(f"no such group(s): {', '.join(unknown)}")
-        self.replace(
-            GroupSpec(spec.name, weights.get(spec.name, spec.weight), spec.upstreams) for spec in self.specs()
-        )
+        self.replace(dataclasses.replace(spec, weight=weights.get(spec.name, spec.weight)) for spec in self.specs())
 
     def choose_group(self) -> ReplicaGroup:
         """Draw a group by weight (only groups with weight above 0 take part)."""
@@ -191,7 +192,8 @@ class RouteTable:
         return {
             "groups": [
                 {"name": group.name, "weight": group.weight,
-                 "upstreams": [upstream.snapshot() for upstream in group.upstreams]}
+                 "upstreams": [upstream.snapshot() for upstream in group.upstreams],
+                 **({"cache": group.cache.as_dict()} if group.cache is not None else {})}
                 for group in self._groups
             ]
         }

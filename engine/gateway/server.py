@@ -21,6 +21,7 @@ from pathlib import Path
 import prometheus_client
 from aiohttp import web
 
+from engine.addresses import host_port, parse_bind
 from engine.cli_args import integer, non_negative_int, positive_float, positive_int
 from engine.gateway.app import GATEWAY_KEY, Gateway, build_gateway_app
 from engine.gateway.settings import (
@@ -30,7 +31,6 @@ from engine.gateway.settings import (
     GatewaySettings,
     RoutesError,
     load_routes,
-    parse_bind,
 )
 from engine.telemetry import build_tracer_provider
 
@@ -51,8 +51,7 @@ class RunningGateway:
 
     @property
     def url(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}"
+        return f"http://{host_port(self.host, self.port)}"
 
     @property
     def gateway(self) -> Gateway:
@@ -134,7 +133,7 @@ def _admin_token(args) -> str | None:
 
 
 def settings_from_args(args) -> GatewaySettings:
-    host, port = parse_bind(args.bind)
+    host, port = parse_bind(args.bind, lowest_port=0)
     return GatewaySettings(
         groups=load_routes(args.routes),
         host=host,

@@ -7,7 +7,8 @@ A routes file is JSON, either a list of groups or ``{"groups": [...]}``::
 
 Weights are relative (90/10 and 9/1 route alike), ≥ 0, and at least one group must
 have a weight above 0. Upstream URLs are ``http(s)://host[:port][/prefix]`` without
-credentials, query or fragment; an upstream belongs to one group only.
+credentials, query or fragment; an upstream belongs to one group only. A group may carry a
+``cache`` object: its response cache, off without one (``cache_config.py`` has its fields).
 """
 from __future__ import annotations
 
@@ -19,6 +20,8 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import orjson
+
+from engine.gateway.cache_config import CacheConfigError, CacheSpec, parse_cache
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8100
@@ -36,14 +39,18 @@ class RoutesError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class GroupSpec:
-    """One replica group: a name, a relative weight and the base URLs of its replicas."""
+    """One replica group: a name, a relative weight, the base URLs of its replicas and its response cache."""
 
     name: str
     weight: float
     upstreams: tuple[str, ...]
+    cache: CacheSpec | None = None
 
     def as_dict(self) -> dict:
-        return {"name": self.name, "weight": self.weight, "upstreams": list(self.upstreams)}
+        document = {"name": self.name, "weight": self.weight, "upstreams": list(self.upstreams)}
+        if self.cache is not None:
+            document["cache"] = self.cache.as_dict()
+        return document
 
 
 def normalise_upstream_url(value: object) -> str:
@@ -128,6 +135,7 @@ def check_groups(groups: Iterable[GroupSpec]) -> tuple[GroupSpec, ...]:
 
 
 _GROUP_FIELDS = ("name", "weight", "upstreams")
+_OPTIONAL_GROUP_FIELDS = ("cache",)
 
 
 def _check_group_list(items: object, not_a_list: str) -> list:
@@ -144,7 +152,7 @@ def _group_item_name(item: object, index: int, required: tuple[str, ...]) -> str
     where = f"group {index}"
     if not isinstance(item, dict):
         raise RoutesError(f"{where} must be an object with name, weight and upstreams")
-    unknown = set(item) - set(_GROUP_FIELDS)
+    unknown = set(item) - set(_GROUP_FIELDS) - set(_OPTIONAL_GROUP_FIELDS)
     if unknown:
         raise RoutesError(f"{where}: unknown field(s) {', '.join(sorted(map(str, unknown)))}")
     for key in required:
@@ -153,11 +161,19 @@ def _group_item_name(item: object, index: int, required: tuple[str, ...]) -> str
     return parse_group_name(item["name"], where)
 
 
+def parse_group_cache(value: object, where: str) -> CacheSpec | None:
+    try:
+        return parse_cache(value)
+    except CacheConfigError as exc:
+        raise RoutesError(f"{where}: {exc}") from None
+
+
 def parse_group(item: object, index: int) -> GroupSpec:
     name = _group_item_name(item, index, required=_GROUP_FIELDS)
     where = f"group {name!r}"
     return GroupSpec(name=name, weight=parse_weight(item["weight"], where),
-                     upstreams=parse_upstream_list(item["upstreams"], where))
+                     upstreams=parse_upstream_list(item["upstreams"], where),
+                     cache=parse_group_cache(item.get("cache"), where))
 
 
 def parse_routes(document: object) -> tuple[GroupSpec, ...]:
@@ -187,24 +203,6 @@ def load_routes(path: str | Path) -> tuple[GroupSpec, ...]:
         return parse_routes(document)
     except RoutesError as exc:
         raise RoutesError(f"routes file {path}: {exc}") from None
-
-
-def parse_bind(text: str) -> tuple[str, int]:
-    """``host:port`` (``[v6]:port`` for IPv6) as (host, port)."""
-    text = (text or "").strip()
-    host, sep, port_text = text.rpartition(":")
-    if not sep or not host or not port_text.isdigit():
-        raise ValueError(f"bind address must be HOST:PORT, got {text!r}")
-    if host.startswith("["):
-        if not host.endswith("]") or len(host) < 3:
-            raise ValueError(f"bind address must be HOST:PORT or [IPv6]:PORT, got {text!r}")
-        host = host[1:-1]
-    elif ":" in host:
-        raise ValueError(f"an IPv6 bind address needs brackets, e.g. [::1]:8100, got {text!r}")
-    port = int(port_text)
-    if not 0 <= port <= 65535:
-        raise ValueError(f"port must be 0-65535, got {port}")
-    return host, port
 
 
 @dataclasses.dataclass(frozen=True)
@@ -272,7 +270,8 @@ def parse_route_update(document: object, current: tuple[GroupSpec, ...]) -> tupl
 
     Two forms: ``{"weights": {"baseline": 50, "canary": 50}}`` changes weights of existing
     groups only; ``{"groups": [...]}`` is the new table (groups not listed are removed), where
-    an existing group may omit ``weight`` or ``upstreams`` to keep its current value.
+    an existing group may omit ``weight``, ``upstreams`` or ``cache`` to keep its current value
+    (``"cache": null`` turns its cache off).
     """
     if not isinstance(document, dict):
         raise RoutesError('body must be a JSON object: {"weights": {...}} or {"groups": [...]}')
@@ -286,7 +285,7 @@ def parse_route_update(document: object, current: tuple[GroupSpec, ...]) -> tupl
         if unknown:
             raise RoutesError(f"no such group(s): {', '.join(unknown)}")
         parsed = {name: parse_weight(value, f"group {name!r}") for name, value in weights.items()}
-        return check_groups(GroupSpec(s.name, parsed.get(s.name, s.weight), s.upstreams) for s in current)
+        return check_groups(dataclasses.replace(s, weight=parsed.get(s.name, s.weight)) for s in current)
     if keys != {"groups"}:
         raise RoutesError('body must have exactly one of "weights" or "groups"')
     items = _check_group_list(document["groups"], "'groups' must be a list")
@@ -301,5 +300,9 @@ def parse_route_update(document: object, current: tuple[GroupSpec, ...]) -> tupl
         where = f"group {name!r}"
         weight = parse_weight(item["weight"], where) if "weight" in item else existing.weight
         upstreams = parse_upstream_list(item["upstreams"], where) if "upstreams" in item else existing.upstreams
-        groups.append(GroupSpec(name, weight, upstreams))
+        if "cache" in item:
+            cache = parse_group_cache(item["cache"], where)
+        else:
+            cache = existing.cache if existing is not None else None
+        groups.append(GroupSpec(name, weight, upstreams, cache))
     return check_groups(groups)

@@ -15,12 +15,22 @@ import re
 
 import orjson
 
-_EVENT_END = re.compile(rb"\r\n\r\n|\n\n|\r\r")
+# What ends one event: a blank line, after LF, CR LF or CR line ends.
+EVENT_END = re.compile(rb"\r\n\r\n|\n\n|\r\r")
 _FINISH = b'"finish_reason"'
 _FINISH_NULL = b'"finish_reason":null'
 _FINISH_NULL_SPACED = b'"finish_reason": null'
 # An event longer than this without a terminator is passed on uninspected rather than buffered further.
 MAX_EVENT_BYTES = 4 * 1024 * 1024
+
+
+def event_data(event: bytes) -> bytes | None:
+    """The data of one event (its ``data:`` lines' values joined by newlines); None for an event without any (a
+    comment or a keep-alive)."""
+    if event.startswith(b"data: ") and b"\n" not in event and b"\r" not in event:
+        return event[6:]  # the usual single-line event
+    lines = [line[5:].removeprefix(b" ") for line in event.splitlines() if line.startswith(b"data:")]
+    return b"\n".join(lines) if lines else None
 
 
 class SseRelay:
@@ -43,7 +53,7 @@ class SseRelay:
         position = 0
         while True:
             if general:
-                match = _EVENT_END.search(buffer, position)
+                match = EVENT_END.search(buffer, position)
                 if match is None:
                     break
                 event_end, next_position = match.start(), match.end()
@@ -76,17 +86,9 @@ class SseRelay:
 
     def _inspect(self, event: bytes) -> bool:
         """Note what ``event`` says; False when it must not reach the client."""
-        if event.startswith(b"data: ") and b"\n" not in event and b"\r" not in event:
-            data = event[6:]  # the usual single-line event
-        else:
-            data_lines = []
-            for line in event.splitlines():
-                if line.startswith(b"data:"):
-                    value = line[5:]
-                    data_lines.append(value[1:] if value.startswith(b" ") else value)
-            if not data_lines:
-                return True  # a comment or keep-alive
-            data = b"\n".join(data_lines)
+        data = event_data(event)
+        if data is None:
+            return True  # a comment or keep-alive
         if not self._worth_decoding(data):
             return True
         if data.strip() == b"[DONE]":

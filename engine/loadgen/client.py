@@ -42,6 +42,8 @@ from engine.tokens import count_tokens
 PROVIDER_NAME = "openai"
 # An error message from a server is kept to this length (bodies can be whole HTML pages).
 MAX_ERROR_CHARS = 500
+MAX_HEADER_CHARS = 40
+CACHE_HEADER = "X-Observatory-Cache"  # engine.gateway.cache_keys.HEADER (the gateway package is not imported here)
 
 
 @dataclasses.dataclass
@@ -70,6 +72,9 @@ class RequestRecord:
     trace_id: str | None = None  # hex, to find the request in the platform (GET /api/v1/requests?trace_id=)
     span_id: str | None = None
     output: str | None = None  # the generated text, kept only when the sender is asked to (keep_output)
+    # The response's X-Observatory-Cache header: the platform gateway's response cache answered (exact_cache,
+    # semantic_cache); None when it did not say so (an engine's answer, or a server without that cache).
+    served_from: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -247,6 +252,8 @@ class RequestSender:
         try:
             async with self.session.post(self.api_url, data=payload, headers=headers) as response:
                 record.status = response.status
+                cache = response.headers.get(CACHE_HEADER)
+                record.served_from = cache[:MAX_HEADER_CHARS] if cache is not None else None
                 if response.status != 200:
                     error_body = await response.read()
                     end = time.perf_counter()

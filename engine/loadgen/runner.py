@@ -98,7 +98,8 @@ def arrival_offsets(spec: LoadSpec) -> tuple[list[float], list[arrivals.TraceEnt
 
 def plan_requests(spec: LoadSpec) -> RequestPlan:
     """The plan of a validated spec; raises WorkloadFileError for a bad dataset or trace file."""
-    workload = Workload(spec.dataset, input_len=spec.input_len, output_len=spec.output_len, seed=spec.seed)
+    workload = Workload(spec.dataset, input_len=spec.input_len, output_len=spec.output_len, seed=spec.seed,
+                        shared_prefix_len=spec.shared_prefix_len)
     offsets, trace = arrival_offsets(spec)
     return RequestPlan(offsets=offsets, workload=workload, trace=trace)
 

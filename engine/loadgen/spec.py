@@ -126,6 +126,8 @@ class LoadSpec:
     input_len: LengthRange | None = None
     output_len: LengthRange | None = None
     seed: int = 0
+    # The first N tokens of every synthetic prompt are the same text (a system prompt the prefix cache can serve).
+    shared_prefix_len: int = 0
     extra_body: Mapping[str, Any] | None = None  # merged into every request body (e.g. temperature)
 
     # Results.
@@ -181,6 +183,11 @@ class LoadSpec:
             out.extend(self.input_len.problems("--input-len", 1))
         if self.output_len is not None:
             out.extend(self.output_len.problems("--output-len", 1))
+        if not isinstance(self.shared_prefix_len, int) or not 0 <= self.shared_prefix_len <= MAX_SHARED_PREFIX:
+            out.append(f"--shared-prefix-len must be a whole number of tokens in [0, {MAX_SHARED_PREFIX}] "
+                       f"(got {self.shared_prefix_len!r})")
+        elif self.shared_prefix_len and self.dataset != SHAREGPT:
+            out.append("--shared-prefix-len applies to synthetic prompts only (not with a --dataset file)")
         for key, ms in (self.goodput or {}).items():
             if key not in GOODPUT_METRICS:
                 out.append(f"--goodput: unknown metric {key!r}; use {', '.join(GOODPUT_METRICS)}")
@@ -285,6 +292,9 @@ class LoadSpec:
         values["api_key"] = None
         values["otlp_headers"] = None
         return cls(**values)
+
+
+MAX_SHARED_PREFIX = 32_768
 
 
 def _json_float(value: float) -> float | str:

@@ -33,6 +33,7 @@ Everything is a pure function of ``(seed, request index)``.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import random
@@ -40,7 +41,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from engine.loadgen.spec import SHAREGPT, LengthRange
-from engine.tokens import count_tokens, synthetic_text
+from engine.tokens import count_tokens, synthetic_text, token_ends
 
 MAX_LINE_BYTES = 16 * 1024 * 1024
 
@@ -166,6 +167,12 @@ def synthetic_prompt(num_tokens: int, seed: int, index: int) -> str:
     return synthetic_text(num_tokens, random.Random(f"loadgen-prompt:{seed}:{index}"))
 
 
+@functools.lru_cache(maxsize=8)
+def shared_prefix(num_tokens: int) -> str:
+    """The same text of ``num_tokens`` tokens in every run and process (independent of the seed)."""
+    return synthetic_text(num_tokens, random.Random("loadgen-shared-prefix"))
+
+
 class Workload:
     """Request contents by index: synthetic (ShareGPT-like or fixed/uniform lengths) or from a JSONL dataset."""
 
@@ -176,8 +183,10 @@ class Workload:
         input_len: LengthRange | None = None,
         output_len: LengthRange | None = None,
         seed: int = 0,
+        shared_prefix_len: int = 0,
     ):
         self.dataset = dataset
+        self.shared_prefix_len = shared_prefix_len
         self.input_len = input_len
         self.output_len = output_len
         self.seed = seed
@@ -219,6 +228,17 @@ class Workload:
         rng = self._rng(index)
         return _sample_range(self.output_len, rng) if self.output_len else SHAREGPT_OUTPUT.sample(rng)
 
+    def _synthetic(self, input_tokens: int, index: int) -> str:
+        """A synthetic prompt of ``input_tokens`` tokens: the shared prefix's first tokens, then unique text."""
+        shared = min(self.shared_prefix_len, input_tokens)
+        if not shared:
+            return synthetic_prompt(input_tokens, self.seed, index)
+        prefix = shared_prefix(self.shared_prefix_len)
+        if shared < self.shared_prefix_len:
+            prefix = prefix[:token_ends(prefix)[shared - 1]]
+        rest = input_tokens - shared
+        return prefix + " " + synthetic_prompt(rest, self.seed, index) if rest else prefix
+
     def content(
         self,
         index: int,
@@ -244,7 +264,7 @@ class Workload:
         elif output_tokens is None:
             output_tokens = self.output_tokens(index)
         return RequestContent(
-            prompt=synthetic_prompt(input_tokens, self.seed, index),
+            prompt=self._synthetic(input_tokens, index),
             messages=None,
             input_tokens=input_tokens,
             max_tokens=output_tokens,

@@ -2,7 +2,9 @@
 
 Endpoints as ``vllm serve`` exposes them: ``GET /health``, ``GET|POST /ping``,
 ``GET /version``, ``GET /v1/models``, ``POST /v1/completions``,
-``POST /v1/chat/completions`` (JSON or SSE streaming) and ``GET /metrics``.
+``POST /v1/chat/completions`` (JSON or SSE streaming) and ``GET /metrics``; also
+``POST /v1/embeddings`` from a stand-in embedding model (``embeddings.py``: a hashed bag of
+words, not the simulated LLM), so the gateway's semantic cache has an endpoint to call.
 
 Timeline of one request, on the replica's monotonic clock:
 
@@ -32,8 +34,10 @@ drawn from a seeded log-normal (median ``OUTPUT_LENGTH_MEDIAN`` tokens), capped 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import math
+import os
 import random
 import time
 from collections.abc import Awaitable, Callable
@@ -54,6 +58,9 @@ from engine.replica.driver import (
     RealTimeDriver,
     TrackedRequest,
 )
+from engine.replica.embeddings import DEFAULT_DIMENSION as DEFAULT_EMBEDDING_DIMENSION
+from engine.replica.embeddings import MAX_DIMENSION as MAX_EMBEDDING_DIMENSION
+from engine.replica.embeddings import embeddings_response
 from engine.replica.metrics import ReplicaMetrics
 from engine.replica.openai_api import (
     CHAT,
@@ -70,7 +77,10 @@ from engine.replica.openai_api import (
     usage_chunk,
 )
 from engine.replica.spans import RequestTimings, build_replica_tracer_provider, emit_request_span
-from engine.sim.core import EngineCore, SimOptions, SimRequest
+from engine.sim.core import EngineCore
+from engine.sim.options import SimOptions
+from engine.sim.profiles import HardwareProfile, hardware_profile
+from engine.sim.request import SimRequest
 from engine.tokens import synthetic_text, token_ends
 
 log = logging.getLogger(__name__)
@@ -87,6 +97,33 @@ FALLBACK_MAX_MODEL_LEN = 32768
 SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
 
 
+HARDWARE_ENV = "ENGINE_SIM_HARDWARE"
+_OVERRIDABLE = ("mfu", "bandwidth_efficiency", "serial_fraction", "step_overhead", "layer_overhead",
+                "sequence_overhead", "api_overhead")
+
+
+def hardware_override(config: EngineConfig) -> HardwareProfile | None:
+    """The config's GPU profile with constants replaced by ENGINE_SIM_HARDWARE (a JSON object, e.g.
+    ``{"mfu": 0.5, "step_overhead": 0.002}``): a GPU that runs slower or faster than the published figures, for
+    what-if runs and for tests that need a group whose true constants only they know. None when unset; ValueError
+    naming the problem when it is not such an object."""
+    text = os.environ.get(HARDWARE_ENV)
+    if not text:
+        return None
+    try:
+        values = json.loads(text)
+    except ValueError:
+        raise ValueError(f"{HARDWARE_ENV} is not JSON: {text[:100]!r}") from None
+    if not isinstance(values, dict):
+        raise ValueError(f"{HARDWARE_ENV} must be a JSON object of constants ({', '.join(_OVERRIDABLE)})")
+    for name, value in values.items():
+        if name not in _OVERRIDABLE:
+            raise ValueError(f"{HARDWARE_ENV}: {name!r} is not a constant one may set ({', '.join(_OVERRIDABLE)})")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+            raise ValueError(f"{HARDWARE_ENV}: {name} must be a non-negative number, not {value!r}")
+    return hardware_profile(config.gpu_type).with_constants(**{k: float(v) for k, v in values.items()})
+
+
 class ReplicaState:
     """Everything one replica app owns: config, engine core, driver, metrics, tracer."""
 
@@ -99,8 +136,11 @@ class ReplicaState:
         tracer_provider: TracerProvider | None,
         options: SimOptions | None,
         seed: int,
+        enable_prompt_tokens_details: bool = False,
     ):
         self.config = config
+        # vLLM's --enable-prompt-tokens-details: usage says how many prompt tokens the prefix cache served.
+        self.enable_prompt_tokens_details = enable_prompt_tokens_details
         self.resolved = config.resolved()
         self.group = group
         self.served_model_name = served_model_name or config.model
@@ -113,7 +153,7 @@ class ReplicaState:
             config, group, served_model_name=self.served_model_name)
         self.tracer = self.tracer_provider.get_tracer("vllm.llm_engine")
         # Build the core now so a config the simulator cannot run fails at start-up, not on the first request.
-        self.core = EngineCore(config, options=self.options, seed=seed)
+        self.core = EngineCore(config, hardware=hardware_override(config), options=self.options, seed=seed)
         self.options = self.core.options  # with the hardware profile's API overhead filled in
         self.api_free_at = 0.0  # when the (one-process) API server is done with the requests admitted so far
         self.metrics = ReplicaMetrics(
@@ -170,6 +210,7 @@ class ReplicaState:
 
 REPLICA_KEY = web.AppKey("replica", ReplicaState)
 MAX_BODY_KEY = web.AppKey("max_body_bytes", int)
+EMBEDDING_DIMENSION_KEY = web.AppKey("embedding_dimension", int)
 
 
 # ---------------------------------------------------------------------------------------------- helpers
@@ -293,6 +334,16 @@ async def _models(request: web.Request) -> web.Response:
             ],
         }
     )
+
+
+async def _embeddings(request: web.Request) -> web.Response:
+    """The stand-in embedding model (engine/replica/embeddings.py): not the simulated LLM, no span, no metrics."""
+    state = request.app[REPLICA_KEY]
+    if not state.ready:
+        return _error("the replica cannot take requests: it is shutting down", 503, "ServiceUnavailableError")
+    body = await _read_body(request)
+    return _json(embeddings_response(body, served_model_name=state.served_model_name,
+                                     dimension=request.app[EMBEDDING_DIMENSION_KEY]))
 
 
 async def _metrics(request: web.Request) -> web.Response:
@@ -437,6 +488,12 @@ class _Generation:
     finish_reason: str
     output_tokens: int
 
+    @property
+    def reported_cached_tokens(self) -> int | None:
+        """The prompt tokens the prefix cache served (vLLM's ``num_cached_tokens``: whole blocks, fixed when the
+        request is first scheduled) as the usage reports them: only with prompt-token details on."""
+        return self.tracked.sim.num_cached_tokens if self.state.enable_prompt_tokens_details else None
+
 
 async def _stream(generation: _Generation) -> web.StreamResponse:
     response = web.StreamResponse(status=200, headers=SSE_HEADERS)
@@ -488,7 +545,8 @@ async def _stream_body(generation: _Generation, response: web.StreamResponse) ->
         )
         if done:
             if request.include_usage:
-                pieces.append(_sse(usage_chunk(request, request_id, created, sent)))
+                pieces.append(_sse(usage_chunk(request, request_id, created, sent,
+                                               generation.reported_cached_tokens)))
             pieces.append(SSE_DONE)
         # Stamped when the output is handed to the HTTP layer, as vLLM's output processor stamps it before
         # the API server writes: stamped after the write, a busy machine could delay the stamp past the
@@ -518,7 +576,7 @@ async def _respond(generation: _Generation) -> web.StreamResponse:
     await _finishing_time(state, tracked)
     text = _TextWriter(text_seed(state, request), generation.output_tokens).take(tracked.released)
     body = orjson.dumps(full_response(request, generation.request_id, generation.created, text,
-                                      generation.finish_reason, tracked.released))
+                                      generation.finish_reason, tracked.released, generation.reported_cached_tokens))
     response = web.Response(body=body, status=200, content_type="application/json")
     handed = time.monotonic()  # before the write (see _stream_body)
     await response.prepare(generation.http_request)
@@ -546,6 +604,7 @@ def _record_finished(generation: _Generation, first_output: float, finished: flo
         finished=finished,
         prompt_tokens=request.prompt_tokens,
         completion_tokens=tracked.released,
+        cached_prompt_tokens=sim.num_cached_tokens,
     )
     try:
         emit_request_span(
@@ -588,12 +647,16 @@ def build_replica_app(
     options: SimOptions | None = None,
     seed: int = 0,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    enable_prompt_tokens_details: bool = False,
+    embedding_dimension: int = DEFAULT_EMBEDDING_DIMENSION,
 ) -> web.Application:
     """An aiohttp app serving vLLM's OpenAI-compatible API from a simulated engine core.
 
     Without ``tracer_provider`` the replica builds its own from the OTel environment
     (gRPC by default, like vLLM) and shuts it down on cleanup; a provider passed in is
-    flushed but left open for its owner.
+    flushed but left open for its owner. ``enable_prompt_tokens_details``: as vLLM's
+    ``--enable-prompt-tokens-details``, every usage (final chunk or body) carries
+    ``prompt_tokens_details.cached_tokens``.
     """
     if not isinstance(group, str) or not group.strip():
         raise ValueError("group must be a non-empty string")
@@ -606,10 +669,15 @@ def build_replica_app(
         tracer_provider=tracer_provider,
         options=options,
         seed=seed,
+        enable_prompt_tokens_details=enable_prompt_tokens_details,
     )
     app = web.Application(client_max_size=max_body_bytes, middlewares=[_errors_middleware])
     app[REPLICA_KEY] = state
     app[MAX_BODY_KEY] = max_body_bytes
+    if isinstance(embedding_dimension, bool) or not isinstance(embedding_dimension, int) \
+            or not 1 <= embedding_dimension <= MAX_EMBEDDING_DIMENSION:
+        raise ValueError(f"embedding_dimension must be an integer in 1..{MAX_EMBEDDING_DIMENSION}")
+    app[EMBEDDING_DIMENSION_KEY] = embedding_dimension
     app.router.add_get("/health", _health)
     app.router.add_get("/ping", _health)
     app.router.add_post("/ping", _health)
@@ -618,6 +686,7 @@ def build_replica_app(
     app.router.add_get("/metrics", _metrics)
     app.router.add_post("/v1/completions", _completions)
     app.router.add_post("/v1/chat/completions", _chat_completions)
+    app.router.add_post("/v1/embeddings", _embeddings)
 
     async def on_startup(app: web.Application) -> None:
         await app[REPLICA_KEY].start()

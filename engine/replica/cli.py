@@ -1,7 +1,8 @@
 """Command line of the simulated replica: ``python -m engine.replica --config FILE ...``.
 
 Flag names follow ``vllm serve`` where vLLM has the flag (``--host``, ``--port``,
-``--served-model-name``, ``--otlp-traces-endpoint``, ``--seed``); ``--config`` is an
+``--served-model-name``, ``--otlp-traces-endpoint``, ``--seed``,
+``--enable-prompt-tokens-details``); ``--config`` is an
 engine config file (YAML or JSON with vLLM's knob names, see ``engine/config.py``) and
 ``--group`` the replica group stamped on spans. As with vLLM, the OTLP protocol comes from
 ``OTEL_EXPORTER_OTLP_TRACES_PROTOCOL`` (gRPC by default) and headers from
@@ -16,8 +17,9 @@ import sys
 
 import prometheus_client
 
-from engine.cli_args import integer, non_negative_float, port_number
+from engine.cli_args import bounded_int, integer, non_negative_float, port_number
 from engine.config import ConfigError, EngineConfig
+from engine.replica.embeddings import DEFAULT_DIMENSION, MAX_DIMENSION
 from engine.replica.server import DEFAULT_SHUTDOWN_TIMEOUT, ReplicaServer, run_replica
 from engine.replica.spans import build_replica_tracer_provider
 
@@ -44,6 +46,13 @@ def build_parser() -> argparse.ArgumentParser:
                         help="where to export llm_request spans (gRPC host:port unless "
                         "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf); default: the OTel environment")
     parser.add_argument("--seed", type=integer, default=0, help="seed of the simulator and output lengths")
+    parser.add_argument("--enable-prompt-tokens-details", action=argparse.BooleanOptionalAction, default=False,
+                        help="as vLLM's flag: every usage says how many prompt tokens the prefix cache served "
+                        "(prompt_tokens_details.cached_tokens)")
+    parser.add_argument("--embedding-dimension", type=bounded_int(at_least=1, at_most=MAX_DIMENSION),
+                        default=DEFAULT_DIMENSION,
+                        help="dimension of POST /v1/embeddings vectors, a hashed bag of words standing in for an "
+                        "embedding model (default %(default)s)")
     parser.add_argument("--shutdown-timeout", type=non_negative_float, default=DEFAULT_SHUTDOWN_TIMEOUT,
                         help="seconds to let in-flight requests finish on SIGTERM/SIGINT before aborting them")
     parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
@@ -81,6 +90,8 @@ def main(argv: list[str] | None = None) -> int:
             tracer_provider=provider,
             seed=args.seed,
             shutdown_timeout=args.shutdown_timeout,
+            enable_prompt_tokens_details=args.enable_prompt_tokens_details,
+            embedding_dimension=args.embedding_dimension,
         )
     except (ValueError, LookupError) as exc:  # a config the simulator cannot run (no profile, KV cache too small)
         reason = exc.args[0] if isinstance(exc, LookupError) and exc.args else exc  # KeyError quotes its message

@@ -33,7 +33,8 @@ from collections.abc import Callable
 from typing import Any
 
 from engine.replica.metrics import ReplicaMetrics
-from engine.sim.core import EngineCore, RequestRejected, SimRequest, StepOutput
+from engine.sim.core import EngineCore
+from engine.sim.request import RequestRejected, SimRequest, StepOutput
 
 log = logging.getLogger(__name__)
 
@@ -174,12 +175,16 @@ class RealTimeDriver:
         return bool(self._arrivals) or self.core.has_unfinished_requests()
 
     def _admit_arrivals(self, start: float) -> None:
-        """Put the requests that reached the engine by ``start`` into the core's waiting queue."""
+        """Put the requests that reached the engine by ``start`` into the core's waiting queue. As vLLM's engine
+        core takes new requests from its input queue between steps, one that came in during a step is queued
+        (queued_ts) when that step ended, not when it arrived: the virtual simulator does the same, so a replica's
+        queue time and the simulator's mean the same thing (engine/sim/traffic_fit.py replays the one with the
+        other)."""
         arrivals = self._arrivals
         while arrivals and arrivals[0].queued_at <= start:
             tracked = arrivals.popleft()
             try:
-                self.core.add_request(tracked.sim, tracked.queued_at)
+                self.core.add_request(tracked.sim, max(tracked.queued_at, start))
             except RequestRejected as exc:
                 self.requests.pop(tracked.sim.request_id, None)
                 tracked.aborted = ABORT_REJECTED

@@ -321,20 +321,25 @@ def new_request_id(kind: str) -> str:
     return ("chatcmpl-" if kind == CHAT else "cmpl-") + uuid.uuid4().hex
 
 
-def usage_body(prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
+def usage_body(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None) -> dict[str, Any]:
+    """vLLM's ``UsageInfo``. ``cached_tokens``: the prompt tokens served from the prefix cache, reported as
+    ``prompt_tokens_details.cached_tokens`` (0 included) when the server runs with ``--enable-prompt-tokens-details``
+    (the caller passes None otherwise, and for the per-chunk usage of ``continuous_usage_stats``, which vLLM sends
+    without details)."""
     return {
         "prompt_tokens": prompt_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
         "completion_tokens": completion_tokens,
-        "prompt_tokens_details": None,
+        "prompt_tokens_details": None if cached_tokens is None else {"cached_tokens": cached_tokens},
     }
 
 
 def full_response(
-    request: GenerationRequest, request_id: str, created: int, text: str, finish_reason: str, completion_tokens: int
+    request: GenerationRequest, request_id: str, created: int, text: str, finish_reason: str, completion_tokens: int,
+    cached_tokens: int | None = None,
 ) -> dict[str, Any]:
-    """The non-streaming body of a finished request."""
-    usage = usage_body(request.prompt_tokens, completion_tokens)
+    """The non-streaming body of a finished request (``cached_tokens``: see ``usage_body``)."""
+    usage = usage_body(request.prompt_tokens, completion_tokens, cached_tokens)
     if request.kind == CHAT:
         return {
             "id": request_id,
@@ -413,13 +418,15 @@ def stream_chunk(
     return chunk
 
 
-def usage_chunk(request: GenerationRequest, request_id: str, created: int, completion_tokens: int) -> dict[str, Any]:
-    """The final ``choices: []`` chunk sent when ``stream_options.include_usage`` is set."""
+def usage_chunk(request: GenerationRequest, request_id: str, created: int, completion_tokens: int,
+                cached_tokens: int | None = None) -> dict[str, Any]:
+    """The final ``choices: []`` chunk sent when ``stream_options.include_usage`` is set (``cached_tokens``: see
+    ``usage_body``)."""
     return {
         "id": request_id,
         "object": "chat.completion.chunk" if request.kind == CHAT else "text_completion",
         "created": created,
         "model": request.model,
         "choices": [],
-        "usage": usage_body(request.prompt_tokens, completion_tokens),
+        "usage": usage_body(request.prompt_tokens, completion_tokens, cached_tokens),
     }

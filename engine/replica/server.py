@@ -17,10 +17,17 @@ import signal
 from aiohttp import web
 from opentelemetry.sdk.trace import TracerProvider
 
+from engine.addresses import host_port
 from engine.config import EngineConfig
-from engine.replica.app import DEFAULT_MAX_BODY_BYTES, ReplicaState, build_replica_app, replica_state
+from engine.replica.app import (
+    DEFAULT_EMBEDDING_DIMENSION,
+    DEFAULT_MAX_BODY_BYTES,
+    ReplicaState,
+    build_replica_app,
+    replica_state,
+)
 from engine.replica.driver import ABORT_SHUTDOWN
-from engine.sim.core import SimOptions
+from engine.sim.options import SimOptions
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +54,8 @@ class ReplicaServer:
         seed: int = 0,
         shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT,
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        enable_prompt_tokens_details: bool = False,
+        embedding_dimension: int = DEFAULT_EMBEDDING_DIMENSION,
     ):
         self.config = config
         self.host = host
@@ -60,6 +69,8 @@ class ReplicaServer:
             options=options,
             seed=seed,
             max_body_bytes=max_body_bytes,
+            enable_prompt_tokens_details=enable_prompt_tokens_details,
+            embedding_dimension=embedding_dimension,
         )
         self._runner: web.AppRunner | None = None
         self._site: web.TCPSite | None = None
@@ -71,8 +82,7 @@ class ReplicaServer:
 
     @property
     def url(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}"
+        return f"http://{host_port(self.host, self.port)}"
 
     async def start(self) -> None:
         # handler_cancellation: a client that disconnects cancels its handler at once (the

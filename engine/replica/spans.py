@@ -20,6 +20,11 @@ it out (the constant exists, nothing sets it), so the simulator leaves it out to
 the served model on its resource (``llm_observatory.model``), as the launcher does for real
 vLLM replicas through ``OTEL_RESOURCE_ATTRIBUTES``.
 
+One addition to vLLM's attributes: ``gen_ai.usage.cache_read.input_tokens`` (int, 0 on a
+miss), the prompt tokens served from the prefix cache (vLLM's ``num_cached_tokens``, whole
+blocks). vLLM 0.32 reports that count only in its API answer
+(``usage.prompt_tokens_details.cached_tokens``), where a gateway in front picks it up.
+
 Aborted requests: vLLM's V1 ``OutputProcessor.abort_requests`` does not trace, so a request
 aborted by a client disconnect (or a shutdown) has no ``llm_request`` span and is not
 counted in the per-request histograms or ``vllm:request_success_total``; tracing aborted
@@ -41,6 +46,7 @@ from opentelemetry.trace import SpanKind, Tracer
 
 from engine.config import EngineConfig
 from engine.telemetry import (
+    CACHE_READ_ATTRIBUTE,
     ENGINE_CONFIG_ATTRIBUTE,
     MODEL_ATTRIBUTE,
     REPLICA_GROUP_ATTRIBUTE,
@@ -102,6 +108,7 @@ class RequestTimings:
     finished: float  # frontend: when the last output was handed to the client
     prompt_tokens: int
     completion_tokens: int
+    cached_prompt_tokens: int = 0  # prompt tokens served from the prefix cache (vLLM's num_cached_tokens)
 
     @property
     def e2e(self) -> float:
@@ -147,6 +154,7 @@ def emit_request_span(
         "gen_ai.latency.time_in_queue": timings.time_in_queue,
         "gen_ai.usage.prompt_tokens": timings.prompt_tokens,
         "gen_ai.usage.completion_tokens": timings.completion_tokens,
+        CACHE_READ_ATTRIBUTE: timings.cached_prompt_tokens,
         "gen_ai.latency.time_in_model_prefill": timings.prefill,
         "gen_ai.latency.time_in_model_decode": timings.decode,
         "gen_ai.latency.time_in_model_inference": timings.inference,

@@ -9,9 +9,11 @@ Profiles, the KV block pool, the roofline cost model, speculative decoding and t
 calibration against published vLLM figures live in the modules of this package;
 ``docs/engine-simulator.md`` describes the model and its limits.
 """
-from engine.sim.core import EngineCore, RequestRejected, SimOptions, SimRequest, StepOutput
+from engine.sim.core import EngineCore
 from engine.sim.memory import SimulationConfigError
+from engine.sim.options import SimOptions
 from engine.sim.profiles import HardwareProfile, ModelProfile, UnknownProfileError, hardware_profile, model_profile
+from engine.sim.request import RequestRejected, SimRequest, StepOutput
 from engine.sim.virtual import SimulationResult, SimulationSummary, simulate
 
 __all__ = [

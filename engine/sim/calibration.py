@@ -16,9 +16,11 @@ import statistics
 from collections.abc import Callable, Sequence
 
 from engine.config import EngineConfig, SpeculativeConfig
-from engine.sim.core import SimOptions, SimRequest
-from engine.sim.profiles import HardwareProfile
+from engine.sim.options import SimOptions
+from engine.sim.profiles import HardwareProfile, hardware_profile
+from engine.sim.request import SimRequest
 from engine.sim.virtual import simulate
+from engine.sim.workload import poisson_sharegpt
 
 LLAMA_8B = "meta-llama/Llama-3.1-8B-Instruct"
 LLAMA_70B = "meta-llama/Llama-3.1-70B-Instruct"
@@ -88,8 +90,6 @@ def _default_burst(model: str, tp: int, count: int):
 
 
 def _run_burst(model: str, tp: int, count: int, hardware: dict[str, HardwareProfile] | None):
-    from engine.sim.workload import poisson_sharegpt
-
     requests = poisson_sharegpt(float("inf"), count=count, seed=0)
     config = EngineConfig(model=model, tensor_parallel_size=tp, gpu_type="H100", max_num_seqs=256,
                           max_model_len=2048, max_num_batched_tokens=2048, enable_chunked_prefill=False)
@@ -286,8 +286,6 @@ def fit_hardware(gpu: str, points: Sequence[CalibrationPoint], *, names: Sequenc
     The developer tool that produced the constants in ``profiles.py``; slow (it reruns the
     scenarios many times), so it is not part of the test suite.
     """
-    from engine.sim.profiles import hardware_profile
-
     best = hardware_profile(gpu)
     points = [point for point in points if not point.held_out]
 

@@ -25,189 +25,28 @@ short is reproduced from the tail of the running list without visiting the rest.
 ``advance`` runs a whole series of identical decode steps in closed form up to the
 next event. ``SimOptions(fast_path=False)`` turns both off (every request visited
 every step, exactly as the V1 loop reads); tests check that the two agree.
+
+The scheduler's loops are ``scheduler.SchedulerMixin``; the requests in and out are in
+``request.py``, the simulator's own parameters in ``options.py``.
 """
 from __future__ import annotations
 
-import dataclasses
 import heapq
 import math
 from collections import deque
-from collections.abc import Sequence
-from dataclasses import dataclass, field
-from itertools import islice
 
 from engine.config import EngineConfig
 from engine.sim.cost_model import StepCostModel
-from engine.sim.kv_cache import NO_HIT, BlockPool, CacheHit, RequestBlocks, prompt_block_hashes
+from engine.sim.kv_cache import BlockPool, prompt_block_hashes
 from engine.sim.memory import MemoryPlan, SimulationConfigError, plan_memory
+from engine.sim.options import SimOptions
 from engine.sim.profiles import HardwareProfile, ModelProfile, hardware_profile, model_profile
+from engine.sim.request import FINISHED, RUNNING, WAITING, EngineRequest, RequestRejected, SimRequest, StepOutput
+from engine.sim.scheduler import SchedulerMixin
 from engine.sim.speculative import LOOKAHEAD_METHODS, AcceptanceSampler, DraftCostModel, acceptance_rates
 
-__all__ = [
-    "EngineCore",
-    "RequestRejected",
-    "SimOptions",
-    "SimRequest",
-    "SimulationConfigError",
-    "StepOutput",
-]
 
-
-class RequestRejected(ValueError):
-    """A request vLLM would refuse (its prompt plus output exceeds max_model_len, bad lengths, duplicate id)."""
-
-
-@dataclass
-class SimRequest:
-    """One request as the simulated engine sees it; the engine fills the timestamps (caller's clock, seconds)."""
-
-    request_id: str
-    prompt_tokens: int  # prompt length
-    output_tokens: int  # tokens to generate (the caller decides; >= 1)
-    arrival_time: float
-    prompt_token_ids: Sequence[int] | None = None  # for prefix-cache hashing; None = a unique prompt
-    priority: int = 0  # lower value = served first under scheduling_policy=priority
-    # Filled by the engine (None until it happens), as vLLM's request events:
-    queued_time: float | None = None  # entered the engine core's waiting queue
-    scheduled_time: float | None = None  # first scheduled (start of that step)
-    first_token_time: float | None = None  # end of the step that sampled the first token
-    last_token_time: float | None = None
-    finished_time: float | None = None
-    num_generated: int = 0
-    num_cached_tokens: int = 0  # prefix-cache hit at first scheduling, in tokens
-    num_preemptions: int = 0
-    finish_reason: str | None = None  # "length" | "abort"
-    # How long the API server's token stream lagged behind the engine when the first and the last token were made
-    # (SimOptions.api_seconds_per_output_token; 0 when it keeps up): the client sees them that much later.
-    stream_lag_first: float = 0.0
-    stream_lag_last: float = 0.0
-
-    @property
-    def finished(self) -> bool:
-        return self.finish_reason is not None
-
-
-@dataclass
-class StepOutput:
-    """What one engine step (or, from ``advance``, a run of identical decode steps) did."""
-
-    start_time: float
-    duration: float
-    end_time: float
-    new_tokens: dict[str, int] = field(default_factory=dict)  # request_id -> tokens emitted (0 omitted)
-    finished: list[SimRequest] = field(default_factory=list)
-    num_scheduled_tokens: int = 0
-    num_preempted: int = 0
-    num_steps: int = 1
-
-
-@dataclass(frozen=True)
-class SimOptions:
-    """Simulator-only parameters (not vLLM knobs)."""
-
-    # Per-position acceptance rates for speculative decoding (position 1 first), replacing the method's default.
-    acceptance_rates: tuple[float, ...] | None = None
-    # API-server overhead, for the replica and virtual time: a fixed cost per request (HTTP parsing,
-    # validation, response), tokenisation per prompt token before the engine sees the request, and
-    # detokenisation per output token after the last one.
-    api_overhead_seconds: float | None = None  # None: the hardware profile's api_overhead
-    tokenize_seconds_per_token: float = 1.5e-6
-    detokenize_seconds_per_token: float = 2.0e-6
-    # vLLM's --num-gpu-blocks-override: fix the KV pool size instead of planning it from memory.
-    num_gpu_blocks_override: int | None = None
-    # Aggregate decoding requests and allow multi-step runs (see the module docstring).
-    fast_path: bool = True
-    # Keep (inter-token gap, number of requests) samples for ITL percentiles (virtual time turns this on).
-    record_itl: bool = False
-    # The API server admits requests one at a time: a request arriving while it works on others waits its turn
-    # for its share of the fixed cost and tokenisation (vLLM's API server is one Python process, and on the CPU
-    # build that cost is CPU time on the cores the engine uses). False: each request is delayed by its own API time
-    # alone (a GPU host's API cost is mostly latency, not one core's work). None: the hardware profile's.
-    api_server_serial: bool | None = None
-    # The API server's work per streamed output token (HardwareProfile.api_token_overhead), queued in the order the
-    # engine makes tokens; None: the hardware profile's.
-    api_seconds_per_output_token: float | None = None
-    # The API server's work per server-sent event (HardwareProfile.api_event_overhead): a stream whose previous
-    # output the server has not sent yet gets this step's tokens merged into it; None: the hardware profile's.
-    api_seconds_per_event: float | None = None
-
-    def __post_init__(self) -> None:
-        for name in ("api_overhead_seconds", "tokenize_seconds_per_token", "detokenize_seconds_per_token",
-                     "api_seconds_per_output_token", "api_seconds_per_event"):
-            value = getattr(self, name)
-            if value is None and name in ("api_overhead_seconds", "api_seconds_per_output_token",
-                                          "api_seconds_per_event"):
-                continue
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-                raise ValueError(f"SimOptions.{name} must be a number >= 0, not {value!r}")
-        override = self.num_gpu_blocks_override
-        if override is not None and (isinstance(override, bool) or not isinstance(override, int) or override < 2):
-            raise ValueError(f"SimOptions.num_gpu_blocks_override must be an integer >= 2, not {override!r}")
-
-    def resolved_for(self, hardware) -> SimOptions:
-        """These options with the API overhead and admission taken from the hardware profile where not set."""
-        changes = {}
-        if self.api_overhead_seconds is None:
-            changes["api_overhead_seconds"] = hardware.api_overhead
-        if self.api_server_serial is None:
-            changes["api_server_serial"] = hardware.api_server_serial
-        if self.api_seconds_per_output_token is None:
-            changes["api_seconds_per_output_token"] = hardware.api_token_overhead
-        if self.api_seconds_per_event is None:
-            changes["api_seconds_per_event"] = hardware.api_event_overhead
-        return dataclasses.replace(self, **changes) if changes else self
-
-    def api_time_before(self, prompt_tokens: int) -> float:
-        """Seconds between a request's arrival and the engine core queueing it (half the fixed cost + tokenising)."""
-        return self.api_overhead_seconds / 2 + self.tokenize_seconds_per_token * prompt_tokens
-
-    def api_time_after(self, output_tokens: int) -> float:
-        """Seconds between the last token and the response completing (half the fixed cost + detokenising)."""
-        return self.api_overhead_seconds / 2 + self.detokenize_seconds_per_token * output_tokens
-
-    @staticmethod
-    def client_first_token(request: SimRequest) -> float:
-        """When the client receives the first token: the engine's time plus the API server's stream lag."""
-        return request.first_token_time + request.stream_lag_first
-
-    def client_end(self, request: SimRequest) -> float:
-        """When the client has the whole response: the last token through the stream, then the API's time after."""
-        return request.finished_time + request.stream_lag_last + self.api_time_after(request.num_generated)
-
-
-_WAITING, _RUNNING, _FINISHED = 0, 1, 2
-
-
-class _Seq:
-    """The engine's state of one request (vLLM's ``Request``), kept apart from the caller's SimRequest."""
-
-    __slots__ = (
-        "req", "order", "prompt", "output", "computed", "generated", "blocks", "state", "preempted",
-        "agg", "t0", "c0", "g0", "key", "finish_tick", "last_emit", "scheduled", "long",
-    )
-
-    def __init__(self, req: SimRequest, order: int, prompt_hashes: Sequence[int] | None):
-        self.req = req
-        self.order = order
-        self.prompt = req.prompt_tokens
-        self.output = req.output_tokens
-        self.computed = 0
-        self.generated = 0
-        self.blocks = RequestBlocks(order, prompt_hashes)
-        self.state = _WAITING
-        self.preempted = False
-        self.agg = False  # decoding inside the aggregate (computed/generated derived from the tick)
-        self.t0 = self.c0 = self.g0 = self.key = self.finish_tick = 0
-        self.last_emit = 0.0
-        self.scheduled = False
-        self.long = False
-
-    @property
-    def num_tokens(self) -> int:
-        return self.prompt + self.generated
-
-
-class EngineCore:
+class EngineCore(SchedulerMixin):
     """The simulated engine core of one replica (all its tensor-parallel GPUs)."""
 
     def __init__(self, config: EngineConfig, *, hardware: HardwareProfile | None = None,
@@ -256,12 +95,12 @@ class EngineCore:
         self._aggregate = self.options.fast_path and spec is None
 
         # Request queues.
-        self._requests: dict[str, _Seq] = {}
-        self._waiting_fcfs: deque[_Seq] = deque()
-        self._waiting_heap: list[tuple[int, float, int, _Seq]] = []
+        self._requests: dict[str, EngineRequest] = {}
+        self._waiting_fcfs: deque[EngineRequest] = deque()
+        self._waiting_heap: list[tuple[int, float, int, EngineRequest]] = []
         self._num_waiting = 0
-        self._running: dict[int, _Seq] = {}  # admission order, like vLLM's running list
-        self._explicit: dict[int, _Seq] = {}  # running requests outside the aggregate
+        self._running: dict[int, EngineRequest] = {}  # admission order, like vLLM's running list
+        self._explicit: dict[int, EngineRequest] = {}  # running requests outside the aggregate
         self._order = 0
 
         # The decode aggregate.
@@ -269,7 +108,7 @@ class EngineCore:
         self._agg_n = 0
         self._agg_offset = 0  # sum of (c0 - t0 + 1): the context sum at tick t is offset + n·t
         self._bucket = [0] * block_size  # members needing a new block when tick % block_size == index
-        self._finish_heap: list[tuple[int, int, _Seq]] = []
+        self._finish_heap: list[tuple[int, int, EngineRequest]] = []
         self._last_step_end: float | None = None
         self._admitted_last_step = False
 
@@ -327,7 +166,7 @@ class EngineCore:
         if request.prompt_token_ids is not None and self.config.enable_prefix_caching:
             hashes = prompt_block_hashes(request.prompt_token_ids, self.block_size)
         self._order += 1
-        seq = _Seq(request, self._order, hashes)
+        seq = EngineRequest(request, self._order, hashes)
         request.queued_time = now
         request.num_generated = 0
         request.finish_reason = None
@@ -361,86 +200,15 @@ class EngineCore:
     def abort_request(self, request_id: str, now: float) -> SimRequest | None:
         """Abort a waiting or running request (client went away); returns it, or None if unknown/finished."""
         seq = self._requests.get(request_id)
-        if seq is None or seq.state == _FINISHED:
+        if seq is None or seq.state == FINISHED:
             return None
-        if seq.state == _WAITING:
+        if seq.state == WAITING:
             self._num_waiting -= 1  # its queue entry is skipped lazily
             self.pool.release_group(seq.order)
         else:
             self._leave_running(seq)
         self._finish(seq, now, "abort")
         return seq.req
-
-    # ------------------------------------------------------------------ waiting queue
-    def _push_waiting(self, seq: _Seq, *, front: bool) -> None:
-        seq.state = _WAITING
-        self._num_waiting += 1
-        if self._priority:
-            heapq.heappush(self._waiting_heap, (seq.req.priority, seq.req.arrival_time, seq.order, seq))
-        elif front:
-            self._waiting_fcfs.appendleft(seq)
-        else:
-            self._waiting_fcfs.append(seq)
-
-    def _peek_waiting(self) -> _Seq | None:
-        if self._priority:
-            heap = self._waiting_heap
-            while heap and heap[0][3].state != _WAITING:
-                heapq.heappop(heap)
-            return heap[0][3] if heap else None
-        queue = self._waiting_fcfs
-        while queue and queue[0].state != _WAITING:
-            queue.popleft()
-        return queue[0] if queue else None
-
-    def _pop_waiting(self) -> None:
-        if self._priority:
-            heapq.heappop(self._waiting_heap)
-        else:
-            self._waiting_fcfs.popleft()
-        self._num_waiting -= 1
-
-    # ------------------------------------------------------------------ the decode aggregate
-    def _join(self, seq: _Seq) -> None:
-        tick = self._tick
-        seq.agg = True
-        seq.t0, seq.c0, seq.g0 = tick, seq.computed, seq.generated
-        seq.key = (tick - seq.computed) % self.block_size
-        self._bucket[seq.key] += 1
-        self._agg_n += 1
-        self._agg_offset += seq.computed - tick + 1
-        seq.finish_tick = tick + seq.output - seq.generated
-        heapq.heappush(self._finish_heap, (seq.finish_tick, seq.order, seq))
-        del self._explicit[seq.order]
-
-    def _sync(self, seq: _Seq) -> None:
-        """Materialise an aggregate member's counters at the current tick."""
-        steps = self._tick - seq.t0
-        seq.computed = seq.c0 + steps
-        seq.generated = seq.g0 + steps
-        seq.req.num_generated = seq.generated
-        blocks = -(-seq.computed // self.block_size)
-        if blocks > seq.blocks.num_blocks:
-            seq.blocks.num_blocks = blocks
-
-    def _leave(self, seq: _Seq) -> None:
-        self._sync(seq)
-        seq.agg = False
-        self._bucket[seq.key] -= 1
-        self._agg_n -= 1
-        self._agg_offset -= seq.c0 - seq.t0 + 1
-        self._explicit[seq.order] = seq
-
-    def _dissolve(self) -> None:
-        for seq in list(self._running.values()):
-            if seq.agg:
-                self._leave(seq)
-
-    def _leave_running(self, seq: _Seq) -> None:
-        if seq.agg:
-            self._leave(seq)
-        del self._running[seq.order]
-        self._explicit.pop(seq.order, None)
 
     # ------------------------------------------------------------------ stepping
     def step(self, now: float) -> StepOutput:
@@ -490,8 +258,8 @@ class EngineCore:
 
     def _step(self, now: float, collect: bool) -> StepOutput:
         budget = self.max_num_batched_tokens
-        scheduled: list[tuple[_Seq, int]] = []
-        preempted: list[_Seq] = []
+        scheduled: list[tuple[EngineRequest, int]] = []
+        preempted: list[EngineRequest] = []
         agg_tokens = 0
         plan = self._fast_plan(budget) if self._aggregate else None
         if plan is not None and self._priority and plan[0] > self.pool.num_free:
@@ -506,7 +274,7 @@ class EngineCore:
             budget -= agg_tokens
             allocate, slots = self.pool.allocate, self._slots
             for seq, num_new in asks:
-                if seq.state != _RUNNING or num_new <= 0:
+                if seq.state != RUNNING or num_new <= 0:
                     continue
                 ok = allocate(seq.blocks, slots(seq, num_new), num_tokens_to_cache=seq.computed + num_new)
                 assert ok, "the fast path checked the blocks"
@@ -521,200 +289,9 @@ class EngineCore:
             budget = self._schedule_waiting(now, budget, scheduled)
         return self._execute(now, scheduled, agg_tokens, preempted, collect)
 
-    def _running_ask(self, seq: _Seq, budget: int) -> int:
-        """Tokens a running request asks for this step (vLLM: num_tokens_with_spec - num_computed_tokens, capped)."""
-        decoding = seq.generated > 0 and seq.computed == seq.num_tokens - 1
-        num_new = seq.num_tokens - seq.computed
-        if decoding:
-            num_new += self.spec_k
-        if 0 < self._threshold < num_new:
-            num_new = self._threshold
-        if num_new > budget:
-            num_new = budget
-        cap = self.max_model_len - 1 - seq.computed
-        return num_new if num_new < cap else cap
-
-    def _slots(self, seq: _Seq, num_new: int) -> int:
-        lookahead = self._lookahead if seq.generated > 0 else 0
-        slots = seq.computed + num_new + lookahead
-        return slots if slots < self.max_model_len else self.max_model_len
-
-    def _fast_plan(self, budget: int) -> tuple[int, list[tuple[_Seq, int]]] | None:
-        """The running loop's outcome without visiting the aggregate, or None when only the exact loop can tell.
-
-        Returns the blocks the running requests need and each explicit request's ask. Decoding
-        members ask for one token each. If the explicit requests (prefills) all come after the
-        members in the running order, vLLM's loop gives them what the budget leaves, in order;
-        otherwise their asks must all fit whole, so that the order does not matter.
-        """
-        members = self._agg_n
-        need = self._bucket[self._tick % self.block_size] if members else 0
-        asks: list[tuple[_Seq, int]] = []
-        explicit = self._explicit
-        if not explicit:
-            return need, asks
-        pool = self.pool
-        count = len(explicit)
-        tail = list(islice(reversed(self._running), count))
-        if all(order in explicit for order in tail):
-            remaining = budget - members
-            for order in reversed(tail):
-                seq = explicit[order]
-                num_new = self._running_ask(seq, remaining) if remaining > 0 else 0
-                if num_new > 0:
-                    need += pool.blocks_needed(seq.blocks, self._slots(seq, num_new))
-                    remaining -= num_new
-                asks.append((seq, num_new))
-            return need, asks
-        total = members
-        for seq in explicit.values():
-            num_new = self._running_ask(seq, budget)
-            full = seq.num_tokens - seq.computed
-            if 0 < self._threshold < full:
-                full = self._threshold
-            if num_new < full:
-                return None  # the budget or max_model_len cuts an ask: the running order matters
-            total += num_new
-            need += pool.blocks_needed(seq.blocks, self._slots(seq, num_new))
-            asks.append((seq, num_new))
-        return (need, asks) if total <= budget else None
-
-    def _preempt_tail(self, need: int, asks: list[tuple[_Seq, int]], preempted: list[_Seq]) -> list[tuple[_Seq, int]]:
-        """Preempt from the end of the running list until the remaining requests' blocks fit.
-
-        This is what vLLM's loop ends with: the first request whose allocation fails pops
-        the last running request, again and again, until it fits (or pops itself); every
-        request before it has been served, and demands only add up, so the victims are
-        exactly the shortest tail whose removal makes the total fit.
-        """
-        pool = self.pool
-        ask_of = {seq.order: num_new for seq, num_new in asks}
-        key = self._tick % self.block_size
-        while need > pool.num_free and self._running:
-            victim = self._running[next(reversed(self._running))]
-            if victim.agg:
-                if victim.key == key:
-                    need -= 1
-                self._leave(victim)
-            else:
-                num_new = ask_of.get(victim.order, 0)
-                if num_new > 0:
-                    need -= pool.blocks_needed(victim.blocks, self._slots(victim, num_new))
-            self._preempt(victim)
-            preempted.append(victim)
-        return asks
-
-    def _schedule_running(self, budget: int, scheduled: list[tuple[_Seq, int]], preempted: list[_Seq]) -> int:
-        """vLLM V1's RUNNING loop, request by request, with preemption by recompute."""
-        running = list(self._running.values())
-        index = 0
-        pool = self.pool
-        while index < len(running) and budget > 0:
-            seq = running[index]
-            num_new = self._running_ask(seq, budget)
-            if num_new <= 0:
-                index += 1
-                continue
-            while not pool.allocate(seq.blocks, self._slots(seq, num_new), num_tokens_to_cache=seq.computed + num_new):
-                if self._priority:
-                    victim = max(running, key=lambda s: (s.req.priority, s.req.arrival_time))
-                    victim_index = running.index(victim)
-                    running.pop(victim_index)
-                    for position, (candidate, count) in enumerate(scheduled):
-                        if candidate is victim:
-                            scheduled.pop(position)
-                            budget += count
-                            index -= 1
-                            break
-                else:
-                    victim = running.pop()
-                self._preempt(victim)
-                preempted.append(victim)
-                if victim is seq:
-                    break
-            if seq.state != _RUNNING:
-                break
-            scheduled.append((seq, num_new))
-            budget -= num_new
-            index += 1
-        return budget
-
-    def _preempt(self, seq: _Seq) -> None:
-        del self._running[seq.order]
-        self._explicit.pop(seq.order, None)
-        self.pool.free(seq.blocks, num_computed=seq.computed, resumable=True)
-        seq.computed = 0
-        seq.preempted = True
-        seq.req.num_preemptions += 1
-        self.num_preemptions_total += 1
-        self._push_waiting(seq, front=True)
-
-    def _schedule_waiting(self, now: float, budget: int, scheduled: list[tuple[_Seq, int]]) -> int:
-        """vLLM V1's WAITING loop: admit in queue order while tokens, sequences and blocks allow."""
-        pool = self.pool
-        skipped: list[_Seq] = []
-        partial = long = 0
-        if self._partial_gate:
-            for seq, num_new in scheduled:
-                if seq.computed + num_new < seq.num_tokens:
-                    partial += 1
-                    long += seq.long
-        while budget > 0 and self._num_waiting:
-            if len(self._running) >= self.max_num_seqs:
-                break
-            seq = self._peek_waiting()
-            num_tokens = seq.num_tokens
-            hit: CacheHit = pool.lookup(seq.blocks, num_tokens) if seq.blocks.prompt_hashes or seq.preempted \
-                else NO_HIT
-            computed = hit.num_blocks * self.block_size
-            num_new = num_tokens - computed
-            if 0 < self._threshold < num_new:
-                num_new = self._threshold
-            if not self.config.enable_chunked_prefill and num_new > budget:
-                break
-            if num_new > budget:
-                num_new = budget
-            if self._partial_gate and computed + num_new < num_tokens:
-                is_long = num_tokens - computed > self._threshold
-                if partial >= self.config.max_num_partial_prefills or (
-                    is_long and long >= self.config.max_long_partial_prefills
-                ):
-                    # V0's concurrent partial prefills: a short prompt may go ahead of a blocked long one.
-                    self._pop_waiting()
-                    seq.state = -1  # hidden from the queue until put back below
-                    skipped.append(seq)
-                    continue
-                partial += 1
-                long += is_long
-                seq.long = is_long
-            slots = computed + num_new
-            if slots > self.max_model_len:
-                slots = self.max_model_len
-            if not pool.allocate(seq.blocks, slots, hit, num_tokens_to_cache=computed + num_new):
-                break
-            self._pop_waiting()
-            seq.state = _RUNNING
-            seq.computed = computed
-            self._running[seq.order] = seq
-            self._explicit[seq.order] = seq
-            if self.config.enable_prefix_caching and not seq.preempted:
-                # vLLM records preempted requests' lookups apart from these two counters.
-                self.prefix_cache_queries += num_tokens
-                self.prefix_cache_hits += computed
-            if not seq.scheduled:
-                seq.scheduled = True
-                seq.req.scheduled_time = now
-                seq.req.num_cached_tokens = computed
-            scheduled.append((seq, num_new))
-            budget -= num_new
-            self._admitted_last_step = True
-        for seq in reversed(skipped):
-            self._push_waiting(seq, front=True)
-        return budget
-
     # ------------------------------------------------------------------ running the step
-    def _execute(self, now: float, scheduled: list[tuple[_Seq, int]], agg_tokens: int,
-                 preempted: list[_Seq], collect: bool) -> StepOutput:
+    def _execute(self, now: float, scheduled: list[tuple[EngineRequest, int]], agg_tokens: int,
+                 preempted: list[EngineRequest], collect: bool) -> StepOutput:
         # 1. The target model's forward pass over everything scheduled.
         num_tokens = agg_tokens
         num_logits = agg_tokens
@@ -732,7 +309,7 @@ class EngineCore:
         duration = self.cost.pass_time(num_tokens, num_logits, pairs, kv_read)
 
         # 2. Sampling (and verification of drafts): who emits how many tokens.
-        emitters: list[tuple[_Seq, int]] = []
+        emitters: list[tuple[EngineRequest, int]] = []
         verified = False
         draft_requests = 0
         draft_first_pass = 0
@@ -839,7 +416,7 @@ class EngineCore:
         tick = self._tick
         while heap and heap[0][0] <= tick:
             finish_tick, _order, seq = heapq.heappop(heap)
-            if not seq.agg or seq.finish_tick != finish_tick or seq.state != _RUNNING:
+            if not seq.agg or seq.finish_tick != finish_tick or seq.state != RUNNING:
                 continue  # stale entry: the member left the aggregate since
             self._leave_running(seq)
             seq.last_emit = end
@@ -847,11 +424,11 @@ class EngineCore:
             self._finish(seq, end, "length")
             out.finished.append(seq.req)
 
-    def _finish(self, seq: _Seq, now: float, reason: str) -> None:
+    def _finish(self, seq: EngineRequest, now: float, reason: str) -> None:
         if seq.blocks.num_blocks:
             self.pool.free(seq.blocks)
         self.pool.release_group(seq.order)
-        seq.state = _FINISHED
+        seq.state = FINISHED
         request = seq.req
         request.num_generated = seq.generated
         request.finish_reason = reason
@@ -950,7 +527,7 @@ class EngineCore:
         n = self._agg_n
         tick = self._tick
         heap = self._finish_heap
-        while heap and (not heap[0][2].agg or heap[0][2].finish_tick != heap[0][0] or heap[0][2].state != _RUNNING):
+        while heap and (not heap[0][2].agg or heap[0][2].finish_tick != heap[0][0] or heap[0][2].state != RUNNING):
             heapq.heappop(heap)
         if not heap:
             return 0
@@ -1025,9 +602,9 @@ class EngineCore:
     def waiting_requests(self) -> list[SimRequest]:
         """Waiting requests in the order they would be scheduled."""
         if self._priority:
-            entries = sorted(entry for entry in self._waiting_heap if entry[3].state == _WAITING)
+            entries = sorted(entry for entry in self._waiting_heap if entry[3].state == WAITING)
             return [entry[3].req for entry in entries]
-        return [seq.req for seq in self._waiting_fcfs if seq.state == _WAITING]
+        return [seq.req for seq in self._waiting_fcfs if seq.state == WAITING]
 
     def blocks_in_use(self) -> int:
         return self.pool.num_usable - self.pool.num_free

@@ -12,6 +12,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -339,10 +341,6 @@ _host_constants: dict[tuple[str, float], HardwareProfile] = {}
 def load_cpu_constants(path: str) -> HardwareProfile:
     """The CPU profile with the constants of a JSON file ({name: value} of CPU_FITTED_CONSTANTS); raises
     UnknownProfileError naming what is wrong with the file."""
-    import json
-    import math
-    import os
-
     try:
         key = (path, os.stat(path).st_mtime)
         if key in _host_constants:
@@ -376,8 +374,6 @@ def load_cpu_constants(path: str) -> HardwareProfile:
 def hardware_profile(name: str) -> HardwareProfile:
     """The profile of a GPU type named as in ``engine.config.GPU_TYPES`` (``CPU``: with this host's fitted constants
     when ENGINE_SIM_CPU_CONSTANTS names a file of them)."""
-    import os
-
     if name == "CPU" and os.environ.get(CPU_CONSTANTS_ENV):
         return load_cpu_constants(os.environ[CPU_CONSTANTS_ENV])
     try:

@@ -20,8 +20,10 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from engine.config import EngineConfig
-from engine.sim.core import EngineCore, RequestRejected, SimOptions, SimRequest
+from engine.sim.core import EngineCore
+from engine.sim.options import SimOptions
 from engine.sim.profiles import HardwareProfile, ModelProfile
+from engine.sim.request import RequestRejected, SimRequest
 
 PERCENTILES = (50, 90, 99)
 

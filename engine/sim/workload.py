@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from engine.sim.core import SimRequest
+from engine.loadgen.arrivals import poisson_offsets
+from engine.loadgen.workload import Workload
+from engine.sim.request import SimRequest
 
 
 def poisson_sharegpt(rate: float, *, duration: float | None = None, count: int | None = None,
@@ -19,9 +21,6 @@ def poisson_sharegpt(rate: float, *, duration: float | None = None, count: int |
     Stops after ``duration`` seconds of arrivals or ``count`` requests (whichever comes first;
     at least one must be given).
     """
-    from engine.loadgen.arrivals import poisson_offsets
-    from engine.loadgen.workload import Workload
-
     if duration is None and count is None:
         raise ValueError("give a duration or a count")
     workload = Workload(seed=seed)
@@ -37,7 +36,5 @@ def poisson_sharegpt(rate: float, *, duration: float | None = None, count: int |
 def fixed_requests(count: int, prompt_tokens: int, output_tokens: int, *, rate: float | None = None,
                    seed: int = 0) -> list[SimRequest]:
     """``count`` identical-shape requests, all at time 0 (``rate=None``) or as a Poisson process at ``rate``/s."""
-    from engine.loadgen.arrivals import poisson_offsets
-
     offsets: Iterator[float] = poisson_offsets(rate, seed=seed) if rate else iter(lambda: 0.0, None)
     return [SimRequest(f"req-{index}", prompt_tokens, output_tokens, next(offsets)) for index in range(count)]

@@ -1,22 +1,22 @@
-"""JSON API of alerts and silences (router of observatory.api): viewers read, operators create and expire silences."""
+"""JSON API of alerts and silences (router of apikit.api): viewers read, operators create and expire silences."""
 from __future__ import annotations
 
 import datetime as dt
 from typing import Annotated, Any, Literal, Optional, Union
 
+from apikit.api import PROJECT_DESCRIPTION, ApiError, ApiRouter, declared, project_for, require
+from apikit.inputs import DurationOrSeconds, Fingerprint, Matching, ProjectName, QueryInt, Subset, Text, Time
 from django.http import HttpRequest
 from django.utils import timezone
 from ninja import Path, Query, Schema
 from ninja.responses import Status
-from observatory.api import PROJECT_DESCRIPTION, ApiError, ApiRouter, declared, project_for, require
-from observatory.inputs import DurationOrSeconds, Fingerprint, Matching, ProjectName, QueryInt, Subset, Text, Time
 from pydantic import ConfigDict, Field, StrictBool
 from tenancy.keys import ApiIdentity
 
+from .matchers import MAX_MATCHERS, MAX_VALUE_LENGTH, OPERATORS, MatcherError, matches_all, parse_matchers
 from .models import Alert as AlertRow
 from .models import AlertKind, AlertState, Severity
 from .models import Silence as SilenceRow
-from .silences import MAX_MATCHERS, MAX_VALUE_LENGTH, OPERATORS, MatcherError, matches_all, parse_matchers
 
 router = ApiRouter(tags=["alerts"])
 MAX_LIMIT = 500
@@ -127,7 +127,10 @@ class Diagnosis(Schema):
     baseline: Optional[dict[str, Any]] = None
     baseline_usable: Optional[bool] = None
     components: Optional[dict[str, Any]] = Field(None, description="network, overhead, queue, prefill, decode: p50, "
-                                                                   "mean and share of e2e per window, and deltas")
+                                                                   "p95, mean and share of e2e per window, and deltas")
+    prefix_cache: Optional[dict[str, Any]] = Field(
+        None, description="vLLM's prefix-cache token hit ratio per window, its change, direction and change point; "
+                          "null when no request reported cached prompt tokens")
     dominant_component: Optional[str] = None
     dominant_reason: Optional[str] = None
     top_contributors: Optional[list[dict[str, Any]]] = None

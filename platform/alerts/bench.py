@@ -23,12 +23,15 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import http.server
+import json
 import os
 import statistics
 import sys
 import tempfile
 import threading
 import time
+
+from traces import rollups
 
 
 class _Receiver:
@@ -40,8 +43,6 @@ class _Receiver:
             protocol_version = "HTTP/1.1"
 
             def do_POST(self):
-                import json
-
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 receiver.arrivals.append((time.time(), json.loads(body)))
                 self.send_response(200)
@@ -58,8 +59,6 @@ class _Receiver:
 
 def _seed(store, project_id: int, since: dt.datetime, until: dt.datetime, per_minute: int, ttft_ms: float,
           version: int) -> None:
-    from traces import rollups
-
     step_us = int(60e6 / per_minute)
     count = int((until - since).total_seconds() * 1e6 // step_us)
     store.tenant_command(

@@ -1,5 +1,6 @@
 """Why an alert burns: which latency component moved between a baseline and the burning window, which model /
-prompt bucket / engine config / replica group carries it, and what vLLM knob to turn.
+prompt bucket / engine config / replica group carries it, whether vLLM's prefix cache stopped (or started) serving
+prompt tokens and when, and what vLLM knob to turn.
 
 `diagnose()` reads ClickHouse (alerts/queries.py) and, best effort, the managed engine's fleet state (the knobs
 of each config version) and its replicas' Prometheus metrics (speculative-decoding acceptance);
@@ -9,8 +10,12 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-import urllib.request
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+
+from django.db import transaction
+from fleet import replica_metrics
+from fleet.state import fleet_state
+from traces.store import get_store
 
 from . import queries
 
@@ -33,43 +38,64 @@ MIN_BASELINE_REQUESTS = 10
 TOP_N = 3
 OUTLIER_BAD_SHARE = 0.5  # a replica group / engine config holding this share of bad events ...
 OUTLIER_RATIO = 2.0  # ... and this many times its share of the requests is where the burn is
+# The prefix-cache token hit ratio (cached prompt tokens / prompt tokens of the engine-served requests that report
+# cached tokens) is compared between the windows when each has this many reporting requests, and said to have moved
+# when it changed by at least CACHE_MOVE (10 percentage points: 90 % → 80 % doubles the prompt tokens to prefill).
+CACHE_MIN_REQUESTS = 10
+CACHE_MOVE = 0.10
+CACHE_BUCKET_MIN_REQUESTS = 3  # a bucket of the change-point search with fewer reporting requests is skipped
+CACHE_MAX_BUCKETS = 240
+CACHE_STEPS = (60, 120, 300, 600, 900, 1800, 3600, 7200, 21600, 43200, 86400)  # seconds
 
 
 def diagnose(project_id: int, filters: dict, burning: tuple[dt.datetime, dt.datetime],
              baseline: tuple[dt.datetime, dt.datetime], *, sli: str = "e2e_ms", threshold_ms: float | None = None,
-             store=None, engine: Mapping | None = None) -> dict:
+             store=None, engine: Mapping | None = None, include_cached: bool = False) -> dict:
     """The diagnosis of `filters` (service/model/prompt_bucket/engine_config → value or list) for the burning
-    window against the baseline window. `engine` overrides the fleet lookup (tests, benchmarks)."""
-    from traces.store import get_store
-
+    window against the baseline window, over engine-served requests (with the response cache's hits too when
+    `include_cached`, as the SLO counts). `engine` overrides the fleet lookup (tests, benchmarks)."""
     store = store or get_store()
     stats = queries.window_stats(store, project_id, filters=filters, burning=burning, baseline=baseline,
-                                 sli=sli, threshold_ms=threshold_ms)
+                                 sli=sli, threshold_ms=threshold_ms, include_cached=include_cached)
     metric = sli if sli in ("e2e_ms", "ttft_ms", "tpot_ms", "queue_ms") else "e2e_ms"
     ranked: dict[str, list[dict]] = {}
     for dimension in queries.CONTRIBUTOR_DIMENSIONS:
         rows = queries.contributors(store, project_id, dimension, filters=filters, burning=burning,
-                                    baseline=baseline, metric=metric, sli=sli, threshold_ms=threshold_ms)
+                                    baseline=baseline, metric=metric, sli=sli, threshold_ms=threshold_ms,
+                                    include_cached=include_cached)
         ranked[dimension] = rank_contributors(rows)
     if engine is None:
         engine = engine_knobs(
             [c["value"] for c in ranked.get("engine_config", [])[:TOP_N]])
+    step = cache_step(burning[1] - baseline[0])
+    prefix_cache = prefix_cache_change(queries.prefix_cache_buckets(
+        store, project_id, filters=filters, burning=burning, baseline=baseline, step_seconds=step), step, burning[1])
     diagnosis = build_diagnosis(stats, ranked, sli=sli, threshold_ms=threshold_ms, filters=filters,
-                                burning=burning, baseline=baseline, engine=engine)
+                                burning=burning, baseline=baseline, engine=engine, prefix_cache=prefix_cache)
     return with_rollouts(diagnosis, project_id, burning)
+
+
+# How the diagnosis finds the project's rollouts during a window (the rollouts app registers it when installed):
+# alerts knows nothing of rollouts.
+_rollout_lookups: list[Callable[[int, dt.datetime, dt.datetime], list[dict]]] = []
+
+
+def register_rollout_lookup(lookup: Callable[[int, dt.datetime, dt.datetime], list[dict]]) -> None:
+    """``lookup(project_id, since, until)``: the project's rollouts that ran then, newest first."""
+    if lookup not in _rollout_lookups:
+        _rollout_lookups.append(lookup)
 
 
 def with_rollouts(diagnosis: dict, project_id: int, burning: tuple[dt.datetime, dt.datetime]) -> dict:
     """Name the project's rollouts running during the burning window (or ended less than 10 minutes before its
     end): a canary taking traffic is the first suspect of a regression."""
+    if not _rollout_lookups:
+        return diagnosis
     try:
-        from django.db import transaction
-        from rollouts.service import rollouts_during
-
         # Best effort, in a savepoint: a diagnosis (and the alert transition it belongs to) never fails for want
         # of this lookup.
         with transaction.atomic():
-            found = rollouts_during(project_id, *burning)
+            found = [rollout for lookup in _rollout_lookups for rollout in lookup(project_id, *burning)]
     except Exception:  # noqa: BLE001 - no metadata database here (a benchmark, a unit test), or it is away
         log.warning("diagnosis: the rollouts of project %s could not be read", project_id, exc_info=True)
         return diagnosis
@@ -124,7 +150,8 @@ def rank_contributors(rows: list[dict]) -> list[dict]:
 
 
 def build_diagnosis(stats: Mapping[str, dict], ranked: Mapping[str, list[dict]], *, sli: str,
-                    threshold_ms: float | None, filters: Mapping, burning, baseline, engine: Mapping | None) -> dict:
+                    threshold_ms: float | None, filters: Mapping, burning, baseline, engine: Mapping | None,
+                    prefix_cache: Mapping | None = None) -> dict:
     burn, base = stats["burning"], stats["baseline"]
     have_baseline = base["requests"] >= MIN_BASELINE_REQUESTS
     e2e_burn = burn["figures"]["e2e_ms"]["mean"]
@@ -134,11 +161,14 @@ def build_diagnosis(stats: Mapping[str, dict], ranked: Mapping[str, list[dict]],
         b, a = burn["figures"][column], base["figures"][column]
         components[COMPONENT_NAMES[column]] = {
             "relevant": column in RELEVANT.get(sli, queries.COMPONENTS),
-            "burning": {"p50_ms": b["p50"], "mean_ms": b["mean"], "share_of_e2e": _ratio(b["mean"], e2e_burn)},
-            "baseline": {"p50_ms": a["p50"], "mean_ms": a["mean"], "share_of_e2e": _ratio(a["mean"], e2e_base)},
+            "burning": {"p50_ms": b["p50"], "p95_ms": b.get("p95"), "mean_ms": b["mean"],
+                        "share_of_e2e": _ratio(b["mean"], e2e_burn)},
+            "baseline": {"p50_ms": a["p50"], "p95_ms": a.get("p95"), "mean_ms": a["mean"],
+                         "share_of_e2e": _ratio(a["mean"], e2e_base)},
             "delta_mean_ms": _delta(b["mean"], a["mean"]) if have_baseline else None,
             "delta_ms": _delta(b["mean"], a["mean"]) if have_baseline else None,  # = delta_mean_ms
             "delta_p50_ms": _delta(b["p50"], a["p50"]) if have_baseline else None,
+            "delta_p95_ms": _delta(b.get("p95"), a.get("p95")) if have_baseline else None,
             "delta_share": _delta(_ratio(b["mean"], e2e_burn), _ratio(a["mean"], e2e_base)) if have_baseline else None,
         }
     dominant, why = dominant_component(components, have_baseline)
@@ -150,7 +180,7 @@ def build_diagnosis(stats: Mapping[str, dict], ranked: Mapping[str, list[dict]],
     top = {dim: entries[:TOP_N] for dim, entries in ranked.items()}
     headline = {dim: entries[0]["value"] for dim, entries in ranked.items() if entries}
     suggestion = suggest(dominant, burn=burn, base=base if have_baseline else None, top=top, hops=hops,
-                         engine=engine or {})
+                         engine=engine or {}, prefix_cache=prefix_cache)
     outliers = [found for dim in ("replica_group", "engine_config") if (found := outlier(dim, ranked.get(dim)))]
     if outliers:
         # One is enough: a canary group usually also has its own config, and the group is what can be drained.
@@ -170,6 +200,9 @@ def build_diagnosis(stats: Mapping[str, dict], ranked: Mapping[str, list[dict]],
         "dominant_component": dominant,
         "dominant_reason": why,
         "network_hops": hops,
+        # The prefix cache's token hit ratio before and during the burn, and when it moved; None when no request
+        # of either window reported cached prompt tokens.
+        "prefix_cache": dict(prefix_cache) if prefix_cache else None,
         # The first value of each dimension, flat (what notifications show), and the top 3 per dimension.
         "top_contributors": [{"dimension": dim, **entries[0]} for dim, entries in top.items() if entries],
         "contributors": top,
@@ -202,11 +235,13 @@ def dominant_component(components: Mapping[str, dict], have_baseline: bool) -> t
 
 
 def suggest(component: str | None, *, burn: Mapping, base: Mapping | None, top: Mapping[str, list],
-            hops: Mapping[str, dict], engine: Mapping) -> dict:
+            hops: Mapping[str, dict], engine: Mapping, prefix_cache: Mapping | None = None) -> dict:
     """A concrete next step tied to vLLM's knobs for the dominant component."""
     config = (top.get("engine_config") or [{}])[0].get("value") if top.get("engine_config") else None
     knobs = (engine.get("configs") or {}).get(config or "", {})
     where = _where(config, knobs)
+    if component == "prefill" and prefix_cache and prefix_cache.get("direction") == "fell":
+        return prefix_cache_suggestion(prefix_cache, knobs, where)
     if component == "queue":
         current = knobs.get("max_num_seqs")
         raise_to = f" (now {current}; try {min(max(2 * int(current), 8), 1024)})" if isinstance(current, int) else ""
@@ -341,6 +376,10 @@ def summarise(diagnosis: Mapping) -> str:
         elif b["mean_ms"] is not None:
             share = f" ({b['share_of_e2e']:.0%} of e2e)" if b["share_of_e2e"] is not None else ""
             parts.append(f"{name} time dominates: p50 {b['p50_ms']:.0f} ms, mean {b['mean_ms']:.0f} ms{share}")
+        cache = diagnosis.get("prefix_cache") or {}
+        if name == "prefill" and cache.get("direction"):
+            p95 = f"prefill p95 {c['delta_p95_ms']:+.0f} ms; " if c.get("delta_p95_ms") is not None else ""
+            parts.append(p95 + cache_sentence(cache))
     top = diagnosis.get("contributors") or {}
     for dim in ("engine_config", "replica_group", "model", "prompt_bucket"):
         entries = top.get(dim) or []
@@ -355,13 +394,97 @@ def summarise(diagnosis: Mapping) -> str:
     return f"{text}. {suggestion}" if text and suggestion else (suggestion or text)
 
 
+# -- the prefix cache: its token hit ratio before and during the burn, and when it moved -----------------------------
+def cache_step(span: dt.timedelta) -> int:
+    """The bucket width (seconds) of the change-point search over `span`: the finest of CACHE_STEPS that keeps
+    the search within CACHE_MAX_BUCKETS buckets."""
+    seconds = max(span.total_seconds(), 1.0)
+    return next((step for step in CACHE_STEPS if seconds / step <= CACHE_MAX_BUCKETS), CACHE_STEPS[-1])
+
+
+def prefix_cache_change(rows: list[dict], step_seconds: int, until: dt.datetime) -> dict | None:
+    """Rows of queries.prefix_cache_buckets → per window the token hit ratio (cached / prompt tokens), the request
+    hit ratio (share of requests with any cached token) and the counts behind them; `change` (burning − baseline),
+    `direction` ("fell" | "rose" when it moved by CACHE_MOVE or more, with CACHE_MIN_REQUESTS reporting requests
+    in each window, else None with the `reason`) and `changed_at`: the start of the first bucket of the last run of
+    buckets on the burning window's side of the midpoint between the two ratios (the bucket where it moved and
+    stayed moved), None when the latest bucket is not there; `changed_at_text` says it as '14:02 UTC' (with the date
+    when not on the day of `until`, the burning window's end). None when no request reported cached tokens."""
+    if not rows:
+        return None
+    keys = ("requests", "prompt_tokens", "cached_tokens", "requests_with_hits")
+    windows = {w: dict.fromkeys(keys, 0) for w in queries.WINDOWS}
+    series: dict[int, list[int]] = {}
+    for row in rows:
+        for key in keys:
+            windows[row["window"]][key] += row[key]
+        cell = series.setdefault(row["bucket"], [0, 0, 0])
+        cell[0] += row["requests"]
+        cell[1] += row["prompt_tokens"]
+        cell[2] += row["cached_tokens"]
+    for total in windows.values():
+        total["hit_ratio"] = total["cached_tokens"] / total["prompt_tokens"] if total["prompt_tokens"] else None
+        total["request_hit_ratio"] = total["requests_with_hits"] / total["requests"] if total["requests"] else None
+    base, burn = windows["baseline"], windows["burning"]
+    out = {"baseline": base, "burning": burn, "change": None, "direction": None, "changed_at": None,
+           "changed_at_text": None, "step_seconds": step_seconds, "min_move": CACHE_MOVE, "reason": ""}
+    short = [w for w in queries.WINDOWS
+             if windows[w]["requests"] < CACHE_MIN_REQUESTS or not windows[w]["prompt_tokens"]]
+    if short:
+        out["reason"] = (f"fewer than {CACHE_MIN_REQUESTS} engine-served requests reported cached prompt tokens in "
+                         f"the {' and the '.join(short)} window")
+        return out
+    change = burn["hit_ratio"] - base["hit_ratio"]
+    out["change"] = change
+    if abs(change) < CACHE_MOVE:
+        out["reason"] = (f"the token hit ratio moved {change * 100:+.0f} points, less than the "
+                         f"{CACHE_MOVE * 100:.0f} that count")
+        return out
+    out["direction"] = "fell" if change < 0 else "rose"
+    middle = (base["hit_ratio"] + burn["hit_ratio"]) / 2
+    changed = None
+    for bucket in sorted(series, reverse=True):
+        requests, prompt, cached = series[bucket]
+        if requests < CACHE_BUCKET_MIN_REQUESTS or not prompt:
+            continue
+        if (cached / prompt < middle) != (change < 0):
+            break
+        changed = bucket
+    if changed is not None:
+        at = dt.datetime.fromtimestamp(changed, dt.timezone.utc)
+        out["changed_at"] = _iso(at)
+        same_day = at.date() == until.astimezone(dt.timezone.utc).date()
+        out["changed_at_text"] = f"{at:%H:%M} UTC" if same_day else f"{at:%Y-%m-%d %H:%M} UTC"
+    return out
+
+
+def cache_sentence(cache: Mapping) -> str:
+    """'prefix-cache hit ratio fell from 78 % to 9 % at 14:02 UTC'."""
+    text = (f"prefix-cache hit ratio {cache['direction']} from {cache['baseline']['hit_ratio'] * 100:.0f} % to "
+            f"{cache['burning']['hit_ratio'] * 100:.0f} %")
+    return text + (f" at {cache['changed_at_text']}" if cache.get("changed_at_text") else "")
+
+
+def prefix_cache_suggestion(cache: Mapping, knobs: Mapping, where: str) -> dict:
+    """The next step when prefill rose because vLLM's prefix cache stopped serving the prompts' shared beginning."""
+    state = f" (now enable_prefix_caching={knobs['enable_prefix_caching']})" if "enable_prefix_caching" in knobs else ""
+    return {
+        "component": "prefill", "knobs": ["enable_prefix_caching", "gpu_memory_utilization", "max_num_seqs"],
+        "text": (f"Prefill rose{where} because vLLM's prefix cache stopped serving prompt tokens "
+                 f"({cache_sentence(cache)}): look at what changed then at the start of the prompts (an edited "
+                 "system prompt or template, a timestamp or request ID placed before the shared part) and for a "
+                 "deploy that turned "
+                 f"enable_prefix_caching off{state}; if neither changed, the KV cache evicts the shared blocks before "
+                 "they are reused: give it room (gpu_memory_utilization, a lower max_num_seqs) or send requests that "
+                 "share a prefix to the same replica."),
+    }
+
+
 # -- the managed engine: knobs per config version, speculative acceptance ----------------------------------------
 def engine_knobs(config_versions: list[str]) -> dict:
     """{"source", "configs": {version: {knobs..., "groups", "replicas"}}, "acceptance": {version: rate}} from
     the managed engine's fleet controller (GET /fleet), best effort: {} when no fleet answers."""
     try:
-        from observatory.engine_link import fleet_state
-
         state = fleet_state()
     except Exception as exc:  # a missing or broken fleet file must not break an alert
         log.debug("no fleet state for the diagnosis: %s", exc)
@@ -383,44 +506,11 @@ def engine_knobs(config_versions: list[str]) -> dict:
     if state.get("running"):
         for version in config_versions:
             if configs.get(version, {}).get("speculative_config"):
-                rate = speculative_acceptance(upstreams.get(version, []))
+                rate = replica_metrics.speculative_acceptance(upstreams.get(version, []))
                 if rate is not None:
                     acceptance[version] = rate
     return {"source": "fleet controller" if state.get("running") else "last recorded fleet state",
             "configs": configs, "acceptance": acceptance}
-
-
-# vLLM's spec-decode counters as the replicas' /metrics name them (checked against real vLLM 0.32 by
-# tests/engine/test_real_vllm.py).
-SPEC_ACCEPTED_TOKENS = "vllm:spec_decode_num_accepted_tokens_total"
-SPEC_DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
-
-
-def replica_counters(upstreams: list[str], names: tuple[str, ...], timeout: float = 1.0) -> dict[str, float] | None:
-    """Each named counter summed over the replicas' /metrics (all label sets); None when no replica answered."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    totals = dict.fromkeys(names, 0.0)
-    answered = False
-    for url in upstreams:
-        try:
-            with urllib.request.urlopen(url.rstrip("/") + "/metrics", timeout=timeout) as response:  # noqa: S310
-                text = response.read().decode("utf-8", "replace")
-        except OSError:
-            continue
-        answered = True
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                if sample.name in totals:
-                    totals[sample.name] += sample.value
-    return totals if answered else None
-
-
-def speculative_acceptance(upstreams: list[str], timeout: float = 1.0) -> float | None:
-    """Accepted / draft tokens summed over the replicas' vLLM metrics (counters since each replica started)."""
-    totals = replica_counters(upstreams, (SPEC_ACCEPTED_TOKENS, SPEC_DRAFT_TOKENS), timeout) or {}
-    drafted = totals.get(SPEC_DRAFT_TOKENS)
-    return totals[SPEC_ACCEPTED_TOKENS] / drafted if drafted else None
 
 
 # -- small helpers ---------------------------------------------------------------------------------------------

@@ -34,8 +34,11 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.db.models import F, Q
 from django.utils import timezone
+from notify.services import enqueue
+from slo.burn import window_label
 
 from . import metrics
+from .diagnosis import diagnose
 from .models import Alert, AlertKind, AlertState, AlertTransition, Severity
 from .silences import silencing
 
@@ -229,8 +232,6 @@ def _merged_context(alert: Alert, spec: AlertSpec) -> dict:
 
 
 def _enqueue(project_id: int, event: dict, severity: str) -> list[int]:
-    from notify.services import enqueue
-
     return list(enqueue(project_id, event, severity=severity))
 
 
@@ -273,12 +274,11 @@ def diagnosis_windows(context: dict, started_at: dt.datetime, at: dt.datetime):
 def run_diagnosis(project_id: int, context: dict, started_at: dt.datetime, at: dt.datetime,
                   diagnose_fn: Callable | None = None) -> dict:
     """The alert's diagnosis; an error is recorded in it rather than blocking the notification."""
-    from .diagnosis import diagnose
-
     burning, baseline = diagnosis_windows(context, started_at, at)
     try:
         return (diagnose_fn or diagnose)(project_id, context.get("filters") or {}, burning, baseline,
-                                         sli=context.get("sli") or "e2e_ms", threshold_ms=context.get("threshold_ms"))
+                                         sli=context.get("sli") or "e2e_ms", threshold_ms=context.get("threshold_ms"),
+                                         include_cached=bool(context.get("include_cached")))
     except Exception as exc:  # ClickHouse away, a bad filter: the page must still go out
         log.warning("diagnosis failed for project %s: %s", project_id, exc)
         return {"error": f"diagnosis unavailable: {exc}"[:500],
@@ -379,8 +379,6 @@ def slo_alert_spec(slo, evaluation, severity: str, tier) -> AlertSpec:
     budget = evaluation.budget_remaining
     budget_text = f"{budget:.0%} of the error budget left" if budget is not None else "error budget unknown"
     if tier is not None:
-        from slo.burn import window_label
-
         long_label, short_label = window_label(tier.tier.long_window), window_label(tier.tier.short_window)
         burn = tier.long_burn
         if tier.tier.name == "no_data":
@@ -413,7 +411,7 @@ def slo_alert_spec(slo, evaluation, severity: str, tier) -> AlertSpec:
                 "budget_remaining": budget, "tier": tier.tier.as_dict() if tier is not None else None,
                 "state": evaluation.state}
     context = {"kind": "slo", "filters": filters, "sli": slo.sli, "threshold_ms": slo.threshold_ms,
-               "slo_info": slo_info, **context_windows}
+               "include_cached": slo.include_cached, "slo_info": slo_info, **context_windows}
     return AlertSpec(
         project_id=slo.project_id, project_name=project_name, kind=AlertKind.SLO_BURN, key=str(slo.id),
         severity=severity, labels=labels, annotations=annotations, values=values, context=context, title=title,

@@ -5,6 +5,8 @@ from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
+from .matchers import parse_matcher
+
 
 class AlertState(models.TextChoices):
     PENDING = "pending", "pending"  # the condition holds, not yet for long enough
@@ -99,8 +101,6 @@ class Silence(models.Model):
         indexes = [models.Index(fields=["project", "ends_at"], name="silence_project_ends")]
 
     def parsed_matchers(self):
-        from .silences import parse_matcher
-
         return [parse_matcher(item) for item in self.matchers]
 
     def status(self, now=None) -> str:

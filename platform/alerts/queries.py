@@ -6,11 +6,12 @@ from collections.abc import Mapping, Sequence
 
 from traces.store import ClickHouseStore, identifier
 
-try:  # one definition of each SLI's figure for evaluation and diagnosis
-    from slo.queries import METRIC_SQL
+try:  # one definition of each SLI's figure, and of an engine-served request, for evaluation and diagnosis
+    from slo.queries import ENGINE_SERVED, METRIC_SQL
 except ImportError:  # pragma: no cover - the slo app is part of the platform
     METRIC_SQL = {"ttft_ms": "coalesce(ttft_ms, engine_ttft_ms)", "tpot_ms": "tpot_ms", "e2e_ms": "e2e_ms",
                   "queue_ms": "queue_ms"}
+    ENGINE_SERVED = "served_from = 'engine'"
 
 # gateway_ms: the gateways' own processing where a chain shows it (NULL otherwise: then it is inside network_ms).
 COMPONENTS = ("network_ms", "gateway_ms", "overhead_ms", "queue_ms", "prefill_ms", "decode_ms")
@@ -26,9 +27,11 @@ def _utc_naive(t: dt.datetime) -> dt.datetime:
     return t.astimezone(dt.timezone.utc).replace(tzinfo=None) if t.tzinfo else t
 
 
-def filter_clause(filters: Mapping[str, object]) -> tuple[str, dict]:
-    """` AND dim IN (...)` for each filtered dimension (a string or a list of strings per dimension)."""
-    clauses, params = [], {}
+def filter_clause(filters: Mapping[str, object], *, include_cached: bool = False) -> tuple[str, dict]:
+    """` AND dim IN (...)` for each filtered dimension (a string or a list of strings per dimension), and
+    ` AND served_from = 'engine'` unless `include_cached` (as the SLO counts: an engine SLO never reads the
+    gateway's response-cache hits)."""
+    clauses, params = ([] if include_cached else [ENGINE_SERVED]), {}
     for name in FILTER_DIMENSIONS:
         value = filters.get(name)
         if value in (None, "", []):
@@ -76,16 +79,16 @@ _RANGE_SQL = (
 
 def window_stats(store: ClickHouseStore, project_id: int, *, filters: Mapping[str, object],
                  burning: tuple[dt.datetime, dt.datetime], baseline: tuple[dt.datetime, dt.datetime],
-                 sli: str | None, threshold_ms: float | None) -> dict[str, dict]:
+                 sli: str | None, threshold_ms: float | None, include_cached: bool = False) -> dict[str, dict]:
     """Per window ("burning", "baseline"): requests, errors, bad events, mean prompt tokens, and for e2e,
-    TTFT, every component and each network hop its count, mean and p50 (NULLs left out)."""
-    where, params = filter_clause(filters)
+    TTFT, every component and each network hop its count, mean, p50 and p95 (NULLs left out)."""
+    where, params = filter_clause(filters, include_cached=include_cached)
     bad_sql, bad_params = bad_expression(sli, threshold_ms)
     params.update(bad_params)
     params.update(_window_params(burning, baseline))
     figures = ("e2e_ms", "ttft_ms", *COMPONENTS, *HOP_COLUMNS)
     aggregates = ", ".join(
-        f"count({metric_sql(c)}), avg({metric_sql(c)}), quantileTDigest(0.5)({metric_sql(c)})" for c in figures
+        f"count({metric_sql(c)}), avg({metric_sql(c)}), quantilesTDigest(0.5, 0.95)({metric_sql(c)})" for c in figures
     )
     rows = store.query(
         f"SELECT {_WINDOW_SQL} AS w, count(), countIf(status = 'error'), "
@@ -100,25 +103,26 @@ def window_stats(store: ClickHouseStore, project_id: int, *, filters: Mapping[st
         stats = {"requests": int(row[1]), "errors": int(row[2]), "bad": int(row[3]) if bad_sql else None,
                  "mean_prompt_tokens": _num(row[4]), "figures": {}}
         for i, figure in enumerate(figures):
-            n, mean, p50 = row[5 + 3 * i: 8 + 3 * i]
+            n, mean, (p50, p95) = row[5 + 3 * i: 8 + 3 * i]
             stats["figures"][figure] = {"count": int(n), "mean": _num(mean) if n else None,
-                                        "p50": _num(p50) if n else None}
+                                        "p50": _num(p50) if n else None, "p95": _num(p95) if n else None}
         out[row[0]] = stats
     return out
 
 
 def _empty_stats(figures) -> dict:
     return {"requests": 0, "errors": 0, "bad": None, "mean_prompt_tokens": None,
-            "figures": {f: {"count": 0, "mean": None, "p50": None} for f in figures}}
+            "figures": {f: {"count": 0, "mean": None, "p50": None, "p95": None} for f in figures}}
 
 
 def contributors(store: ClickHouseStore, project_id: int, dimension: str, *, filters: Mapping[str, object],
                  burning: tuple[dt.datetime, dt.datetime], baseline: tuple[dt.datetime, dt.datetime],
-                 metric: str, sli: str | None, threshold_ms: float | None, limit: int = 50) -> list[dict]:
+                 metric: str, sli: str | None, threshold_ms: float | None, limit: int = 50,
+                 include_cached: bool = False) -> list[dict]:
     """Per value of `dimension` and window: requests, bad events and the mean of `metric` (e.g. ttft_ms)."""
     if dimension not in CONTRIBUTOR_DIMENSIONS:
         raise ValueError(f"cannot rank by {dimension!r}")
-    where, params = filter_clause(filters)
+    where, params = filter_clause(filters, include_cached=include_cached)
     bad_sql, bad_params = bad_expression(sli, threshold_ms)
     params.update(bad_params)
     params.update(_window_params(burning, baseline))
@@ -140,10 +144,36 @@ def contributors(store: ClickHouseStore, project_id: int, dimension: str, *, fil
     ]
 
 
+def prefix_cache_buckets(store: ClickHouseStore, project_id: int, *, filters: Mapping[str, object],
+                         burning: tuple[dt.datetime, dt.datetime], baseline: tuple[dt.datetime, dt.datetime],
+                         step_seconds: int) -> list[dict]:
+    """Per bucket of `step_seconds` (Unix seconds of its start) and window: the engine-served requests that report
+    cached prompt tokens, their prompt tokens, their cached prompt tokens (at most the prompt) and how many had any.
+    A response-cache hit is never counted: no engine read its prompt."""
+    where, params = filter_clause(filters)
+    params.update(_window_params(burning, baseline))
+    params["step"] = int(step_seconds)
+    rows = store.query(
+        "SELECT intDiv(toUnixTimestamp(start_time), {step:UInt32}) * {step:UInt32} AS bucket, "
+        f"{_WINDOW_SQL} AS w, count(), sum(prompt_tokens), sum(least(cached_prompt_tokens, prompt_tokens)), "
+        "countIf(cached_prompt_tokens > 0) "
+        f"FROM {store.table('llm_requests')} FINAL "
+        f"WHERE project_id = {{project_id:UInt32}} AND {_RANGE_SQL}{where} "
+        "AND cached_prompt_tokens IS NOT NULL AND prompt_tokens > 0 "
+        f"GROUP BY bucket, w ORDER BY bucket, w{_SETTINGS}",
+        project_id=project_id,
+        parameters=params,
+    )
+    return [{"bucket": int(bucket), "window": w, "requests": int(n), "prompt_tokens": int(prompt or 0),
+             "cached_tokens": int(cached or 0), "requests_with_hits": int(hits)}
+            for bucket, w, n, prompt, cached, hits in rows]
+
+
 def regression_candidates(store: ClickHouseStore, project_id: int, *, current: tuple[dt.datetime, dt.datetime],
                           baseline: tuple[dt.datetime, dt.datetime], metrics: Sequence[str]) -> list[dict]:
     """Per (service, model): for each metric, the number of observed values and the p50 in the current
-    window and in the baseline window before it."""
+    window and in the baseline window before it, of engine-served requests (a response-cache hit's latency is no
+    engine's)."""
     params = _window_params(current, baseline)
     parts = []
     for i, metric in enumerate(metrics):
@@ -158,7 +188,7 @@ def regression_candidates(store: ClickHouseStore, project_id: int, *, current: t
         f"SELECT service, model, {', '.join(f'{metric_sql(m)} AS m{i}' for i, m in enumerate(metrics))}, "
         f"{_WINDOW_SQL} AS w "
         f"FROM {store.table('llm_requests')} FINAL "
-        f"WHERE project_id = {{project_id:UInt32}} AND {_RANGE_SQL}) "
+        f"WHERE project_id = {{project_id:UInt32}} AND {_RANGE_SQL} AND {ENGINE_SERVED}) "
         f"GROUP BY service, model ORDER BY service, model{_SETTINGS}",
         project_id=project_id,
         parameters=params,

@@ -15,6 +15,8 @@ import datetime as dt
 import logging
 
 from django.utils import timezone
+from tenancy.models import Project
+from traces.store import StoreUnavailable, get_store
 
 from . import queries
 from .lifecycle import REGRESSION_ALERTNAME, AlertSpec, cfg, drive
@@ -25,9 +27,6 @@ log = logging.getLogger(__name__)
 
 def detect_regressions(now: dt.datetime | None = None, *, store=None, project_ids=None) -> int:
     """Run the detector for every project (or `project_ids`); returns the number of transitions claimed."""
-    from tenancy.models import Project
-    from traces.store import StoreUnavailable, get_store
-
     if not cfg("REGRESSION_ENABLED", True):
         return 0
     now = now or timezone.now()

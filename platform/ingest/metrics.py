@@ -22,29 +22,7 @@ INSERT_SECONDS = Histogram(
 )
 INSERT_ROWS = Counter("observatory_clickhouse_inserted_rows", "Rows inserted into ClickHouse", ["table"])
 STORE_UNAVAILABLE = Counter("observatory_clickhouse_unavailable", "Times a ClickHouse call failed because it was unreachable")
-DECOMPOSED_TRACES = Counter("observatory_decomposed_traces", "Traces whose LLM requests were (re)computed")
-DECOMPOSE_SECONDS = Histogram(
-    "observatory_decompose_cycle_seconds", "Time of one decomposition cycle",
-    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
-)
-JOIN_LOOKUPS = Counter(
-    "observatory_decompose_join_lookups",
-    "Lookups of other traces holding the correlation ids of request rows without an engine or a client hop "
-    "(joins across broken trace propagation, traces/joins.py)",
-)
-JOINED_REQUESTS = Counter(
-    "observatory_decompose_joined_requests",
-    "Request rows written whose hops came from several traces, joined by the response id",
-)
-DECOMPOSE_TRACE_SOURCES = Counter(
-    "observatory_decompose_traces_by_source",
-    "Traces decomposed, by where their spans came from: memory (no lookup: new to the store, see the trace "
-    "filter), memory_checked (memory, after a span-count lookup), store (read back from ClickHouse)",
-    ["source"],
-)
-TRACE_FILTER_BYTES = Gauge("observatory_trace_filter_bytes", "Memory held by the decomposition's filter of recent traces")
-
-# The backlog between arrival and queryable rows (docs: README "Overload and backpressure").
+# The backlog between arrival and queryable rows (docs/ingest.md, "Overload and backpressure").
 DECOMPOSE_PENDING_TRACES = Gauge(
     "observatory_decompose_pending_traces", "Traces stored and waiting to be decomposed (or being decomposed)")
 DECOMPOSE_PENDING_BYTES = Gauge(
@@ -52,11 +30,6 @@ DECOMPOSE_PENDING_BYTES = Gauge(
 BACKLOG_OLDEST_SECONDS = Gauge(
     "observatory_ingest_backlog_oldest_seconds",
     "Age of the oldest accepted span not yet queryable (in the spool or waiting for decomposition); 0 when none",
-)
-QUERYABLE_LAG_SECONDS = Histogram(
-    "observatory_ingest_queryable_lag_seconds",
-    "From an export's arrival to its request rows being stored (queryable), per export",
-    buckets=(0.05, 0.1, 0.25, 0.5, 0.75, 1, 1.5, 2, 3, 5, 7.5, 10, 15, 20, 30, 60, 120, 300, 600),
 )
 WRITER_BLOCKED_SECONDS = Counter(
     "observatory_span_writer_blocked_seconds",
@@ -73,9 +46,6 @@ BACKPRESSURE = Gauge(
 SPOOL_CACHE_BYTES = Gauge(
     "observatory_spool_cache_bytes",
     "Spool records held in memory for the writer, in bytes as spooled (INGEST_SPOOL_CACHE_BYTES bounds it)")
-DECOMPOSE_MEMORY_TRACES = Gauge(
-    "observatory_decompose_memory_traces",
-    "Traces whose LLM calls the decomposition holds in memory (bounded: the backlog's limit plus one writer batch)")
 CLICKHOUSE_MEMORY_BYTES = Gauge(
     "observatory_clickhouse_memory_tracked_bytes",
     "Memory the embedded ClickHouse (chdb, in this process) accounts for (system.metrics MemoryTracking); "

@@ -13,6 +13,7 @@ import dataclasses
 import json
 import time
 from collections import Counter
+from collections.abc import Iterator
 from typing import Any
 
 import orjson
@@ -447,6 +448,19 @@ def _fields(data: bytes):
         yield number, wire, value
 
 
+def _head_and_items(message: bytes) -> tuple[bytes, list[bytes]]:
+    """Field 1 and every field 2 of a ResourceSpans (its resource, its scope spans) or a ScopeSpans (its scope, its
+    spans), undecoded: the last field 1, b"" when there is none."""
+    head = b""
+    items: list[bytes] = []
+    for number, wire, value in _fields(message):
+        if number == 1 and wire == 2:
+            head = value
+        elif number == 2 and wire == 2:
+            items.append(value)
+    return head, items
+
+
 def _decode_protobuf_tolerant(data: bytes, ctx: _SpanContext) -> None:
     # ExportTraceServiceRequest.resource_spans = 1; ResourceSpans.resource = 1, scope_spans = 2;
     # ScopeSpans.scope = 1, spans = 2.
@@ -454,25 +468,13 @@ def _decode_protobuf_tolerant(data: bytes, ctx: _SpanContext) -> None:
     for number, wire, resource_spans in _fields(data):
         if number != 1 or wire != 2:
             continue
-        resource_raw = b""
-        scopes: list[bytes] = []
-        for rnum, rwire, rvalue in _fields(resource_spans):
-            if rnum == 1 and rwire == 2:
-                resource_raw = rvalue
-            elif rnum == 2 and rwire == 2:
-                scopes.append(rvalue)
+        resource_raw, scopes = _head_and_items(resource_spans)
         try:
             resource = _resource_attributes(Resource.FromString(resource_raw), ctx.trimmer)
         except DecodeError:
             resource = None
         for scope_spans in scopes:
-            scope_raw = b""
-            spans: list[bytes] = []
-            for snum, swire, svalue in _fields(scope_spans):
-                if snum == 1 and swire == 2:
-                    scope_raw = svalue
-                elif snum == 2 and swire == 2:
-                    spans.append(svalue)
+            scope_raw, spans = _head_and_items(scope_spans)
             try:
                 scope = InstrumentationScope.FromString(scope_raw)
             except DecodeError:
@@ -597,6 +599,30 @@ def _has_bad_text(obj) -> bool:
     return False
 
 
+def _list_field(obj: dict, camel: str, snake: str) -> list:
+    """A list of OTLP JSON (empty when left out); MalformedPayload when it is no list."""
+    items = _get(obj, camel, snake, [])
+    if not isinstance(items, list):
+        raise MalformedPayload(f"{camel} must be a list")
+    return items
+
+
+def _objects(items: list, camel: str) -> Iterator[dict]:
+    """The items of a list of OTLP JSON, each found to be an object as it comes (MalformedPayload otherwise)."""
+    for item in items:
+        if not isinstance(item, dict):
+            raise MalformedPayload(f"{camel} items must be objects")
+        yield item
+
+
+def _has_bad_text_within(obj: Any, what: str) -> bool:
+    """_has_bad_text of a resource or scope; MalformedPayload when it is nested too deeply to read."""
+    try:
+        return _has_bad_text(obj)
+    except RecursionError:
+        raise MalformedPayload(f"{what} nested too deeply") from None
+
+
 def decode_json(data: bytes, limits: Limits, now_ns: int | None = None) -> Decoded:
     now_ns = now_ns or time.time_ns()
     out = Decoded([], [], Counter())
@@ -612,38 +638,21 @@ def decode_json(data: bytes, limits: Limits, now_ns: int | None = None) -> Decod
         raise MalformedPayload(f"invalid JSON: {exc}") from None
     if not isinstance(document, dict):
         raise MalformedPayload("OTLP JSON must be an object with resourceSpans")
-    resource_spans_list = _get(document, "resourceSpans", "resource_spans", [])
-    if not isinstance(resource_spans_list, list):
-        raise MalformedPayload("resourceSpans must be a list")
-    for resource_spans in resource_spans_list:
-        if not isinstance(resource_spans, dict):
-            raise MalformedPayload("resourceSpans items must be objects")
-        scope_list = _get(resource_spans, "scopeSpans", "scope_spans", [])
-        if not isinstance(scope_list, list):
-            raise MalformedPayload("scopeSpans must be a list")
+    for resource_spans in _objects(_list_field(document, "resourceSpans", "resource_spans"), "resourceSpans"):
+        scope_list = _list_field(resource_spans, "scopeSpans", "scope_spans")
         resource_obj = _get(resource_spans, "resource", "resource", {})
-        try:
-            bad_resource = _has_bad_text(resource_obj)
-        except RecursionError:
-            raise MalformedPayload("resource nested too deeply") from None
+        bad_resource = _has_bad_text_within(resource_obj, "resource")
         try:
             resource = None if bad_resource else _json_attributes(
                 resource_obj.get("attributes") if isinstance(resource_obj, dict) else None, trimmer)
         except (ValueError, TypeError, AttributeError):
             resource = None
-        for scope_spans in scope_list:
-            if not isinstance(scope_spans, dict):
-                raise MalformedPayload("scopeSpans items must be objects")
-            spans = _get(scope_spans, "spans", "spans", [])
-            if not isinstance(spans, list):
-                raise MalformedPayload("spans must be a list")
+        for scope_spans in _objects(scope_list, "scopeSpans"):
+            spans = _list_field(scope_spans, "spans", "spans")
             scope = _get(scope_spans, "scope", "scope", {})
             scope_name = scope.get("name", "") if isinstance(scope, dict) else ""
             scope_version = scope.get("version", "") if isinstance(scope, dict) else ""
-            try:
-                bad_scope = _has_bad_text(scope)
-            except RecursionError:
-                raise MalformedPayload("scope nested too deeply") from None
+            bad_scope = _has_bad_text_within(scope, "scope")
             if resource is None or not isinstance(scope_name, str) or not isinstance(scope_version, str) or bad_scope:
                 out.rejected["invalid UTF-8 or malformed resource/scope"] += len(spans)
                 continue

@@ -3,7 +3,7 @@
 The encoded bytes are what the spool keeps and what ClickHouse parses (in C++, off the
 GIL), so the writer does no per-row work. Attribute maps stay typed: ClickHouse renders
 numbers, booleans, arrays and objects as strings into Map(String, String) itself
-(the input_format_json_read_*_as_strings settings in JSON_INSERT_SETTINGS).
+(the input_format_json_read_*_as_strings settings in traces.row_encoding).
 
 A span row names its resource by `resource_id` and leaves `resource_attributes` empty;
 the attributes go once per (resource, day) to `span_resources` (migration 0005).
@@ -11,12 +11,9 @@ the attributes go once per (resource, day) to `span_resources` (migration 0005).
 from __future__ import annotations
 
 import hashlib
-import json
-import math
 import time
-from typing import Any
 
-import orjson
+from traces.row_encoding import encode_value
 
 from collectors.base import LLMCall, SpanView
 
@@ -36,14 +33,16 @@ CALL_COLUMNS = (
     "project_id", "trace_id", "span_id", "parent_span_id", "role", "convention", "service", "name", "start_ns",
     "end_ns", "model", "request_id", "prompt_tokens", "completion_tokens", "streaming", "is_error", "ttft_ms",
     "engine_e2e_ms", "queue_ms", "prefill_ms", "decode_ms", "inference_ms", "engine_config", "retention_days",
-    "replica_group",
+    "replica_group", "cached_prompt_tokens", "served_from", "lookup_ms",
 )
-# LLM call rows spooled before migration 0006 (no replica_group).
-CALL_COLUMNS_BEFORE_REPLICA_GROUP = CALL_COLUMNS[:-1]
+# LLM call rows spooled before migration 0012 (no cache columns) and before migration 0006 (no replica_group).
+CALL_COLUMNS_BEFORE_CACHES = CALL_COLUMNS[:-3]
+CALL_COLUMNS_BEFORE_REPLICA_GROUP = CALL_COLUMNS_BEFORE_CACHES[:-1]
 
 # The spool keeps records of earlier versions until they are written (an upgrade with data in the spool);
-# a record's length says which columns its blobs hold (see ingest/service.py for the record's items).
-RECORD_FORMAT = 4  # the 8th item of a current record (4: a 9th item, the export's arrival time)
+# a record's length and format say which columns its blobs hold (see ingest/service.py for the record's items).
+# The 8th item of a current record: 4 added a 9th item, the export's arrival time; 5 the call rows' cache columns.
+RECORD_FORMAT = 5
 
 
 def arrival_of(record: tuple) -> float | None:
@@ -57,38 +56,13 @@ def span_columns_of(record: tuple) -> tuple[str, ...]:
 
 
 def call_columns_of(record: tuple) -> tuple[str, ...]:
-    return CALL_COLUMNS if len(record) > 7 else CALL_COLUMNS_BEFORE_REPLICA_GROUP
+    if len(record) <= 7:
+        return CALL_COLUMNS_BEFORE_REPLICA_GROUP
+    return CALL_COLUMNS if record[7] >= 5 else CALL_COLUMNS_BEFORE_CACHES
 # ingested_at is left to ClickHouse (DEFAULT now64(3)): the time the row reached the store.
-
-JSON_INSERT_SETTINGS = {
-    "input_format_json_read_numbers_as_strings": 1,
-    "input_format_json_read_bools_as_strings": 1,
-    "input_format_json_read_arrays_as_strings": 1,
-    "input_format_json_read_objects_as_strings": 1,
-    "input_format_skip_unknown_fields": 0,
-}
-
-
-def bulk_insert_settings(embedded: bool) -> dict:
-    """Settings for the span writer's and the decomposition's inserts (JSON_INSERT_SETTINGS plus two).
-
-    - optimize_on_insert = 0: our tables are ReplacingMergeTrees, and by default ClickHouse runs
-      the replacing merge on every inserted block, copying each row once more (Map columns
-      row by row); that was ~25% of the CPU of a spans insert. Rows repeated within one block
-      then stay until a merge, exactly like rows repeated across blocks (spool replays) always
-      could: every read of these tables already uses FINAL or counts distinct span ids.
-    - input_format_parallel_parsing = 0 with chdb: the parser's extra threads share the two
-      cores with ingest's Python thread, and parallel parsing costs ~10% more CPU in all (a
-      server on its own machine keeps it, for latency).
-    """
-    settings = {**JSON_INSERT_SETTINGS, "optimize_on_insert": 0}
-    if embedded:
-        settings["input_format_parallel_parsing"] = 0
-    return settings
 
 _UINT32 = (1 << 32) - 1
 _MAX_NS = (1 << 63) - 1
-_encode = json.JSONEncoder(allow_nan=False, separators=(",", ":")).encode
 
 
 _NS_TEXT_MIN = 1_000_000_000_000_000_000
@@ -117,14 +91,14 @@ def resource_id(resource: dict) -> int:
     which needs no row."""
     if not resource:
         return 0
-    digest = hashlib.blake2b(_encode_value(resource), digest_size=8).digest()
+    digest = hashlib.blake2b(encode_value(resource), digest_size=8).digest()
     return int.from_bytes(digest, "little") or 1
 
 
 def resource_row(project_id: int, rid: int, day: int, resource: dict, retention_days: int) -> bytes:
     """One `span_resources` row (JSONCompactEachRow); `day` counts days since the epoch, as the
     spans' toDate(start_time) does."""
-    return _encode_value([project_id, rid, day, resource, retention_days])
+    return encode_value([project_id, rid, day, resource, retention_days])
 
 
 def span_row(project_id: int, retention_days: int, span: SpanView, dropped: int, convention: str,
@@ -198,37 +172,7 @@ def call_row(project_id: int, retention_days: int, call: LLMCall) -> list:
         call.engine_config,
         retention_days,
         call.replica_group,
+        _uint32(call.cached_prompt_tokens),
+        call.served_from,
+        call.lookup_ms,
     ]
-
-
-def _finite(value: Any) -> Any:
-    """Replace NaN/±Infinity (not valid JSON) with their names as text, recursively."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return repr(value)
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_finite(v) for v in value]
-    return value
-
-
-def _encode_value(value: Any) -> bytes:
-    try:
-        return orjson.dumps(value)
-    except TypeError:  # an integer beyond 64 bits (OTLP-JSON allows any): the stdlib writes it as text
-        return _encode(_finite(value)).encode()
-
-
-def encode_rows(rows: list[list]) -> bytes:
-    """JSONCompactEachRow bytes for these rows (orjson: ~10x the stdlib encoder on these rows).
-
-    Rows are separated by commas (`[...],[...]`), which JSONCompactEachRow reads like newlines:
-    the whole batch is then one orjson call with the brackets cut off, ~25% cheaper than one call
-    per row. Batches are joined with newlines by their consumers."""
-    if not rows:
-        return b""
-    try:
-        # orjson writes NaN/Infinity as null; doubles from OTLP were already made text by the decoder.
-        return orjson.dumps(rows)[1:-1]
-    except TypeError:  # an integer beyond 64 bits (OTLP-JSON allows any): the stdlib writes it as text
-        return "\n".join(_encode(_finite(row)) for row in rows).encode()

@@ -20,6 +20,7 @@ import time
 from google.rpc import status_pb2
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 from tenancy.keys import IngestIdentity
+from traces.row_encoding import encode_rows
 
 from collectors.base import CALL_SPAN_NAMES, SPAN_KIND_CLIENT
 from collectors.registry import normalise_span
@@ -35,7 +36,7 @@ from .otlp import (
     fast_decoded,
     parse_protobuf_fast,
 )
-from .rows import NS_PER_DAY, RECORD_FORMAT, call_row, encode_rows, resource_id, resource_row, span_row
+from .rows import NS_PER_DAY, RECORD_FORMAT, call_row, resource_id, resource_row, span_row
 from .spool import Spool, SpoolFull
 
 log = logging.getLogger(__name__)
@@ -273,3 +274,17 @@ def build_record(identity: IngestIdentity, decoded: Decoded, arrival: float | No
     record = (project_id, trace_ids, spans_json, encode_rows(call_rows), len(decoded.spans), len(call_rows),
               resource_rows, RECORD_FORMAT, time.time() if arrival is None else arrival)
     return record, (calls, (edge_traces, edge_spans, edge_parents), retention, call_times)
+
+
+# The service this process runs (set by the process runner when its pipeline starts, None elsewhere): what the
+# OTLP/HTTP view hands exports to.
+_running: IngestService | None = None
+
+
+def set_running(service: IngestService | None) -> None:
+    global _running
+    _running = service
+
+
+def running() -> IngestService | None:
+    return _running

@@ -8,26 +8,15 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from traces.os_threads import name_os_thread
+from traces.row_encoding import bulk_insert_settings
 from traces.store import ClickHouseStore, StoreUnavailable
 
 from . import metrics
-from .rows import RESOURCE_COLUMNS, bulk_insert_settings, call_columns_of, span_columns_of
+from .rows import RESOURCE_COLUMNS, call_columns_of, span_columns_of
 from .spool import Spool
 
 log = logging.getLogger(__name__)
-
-
-def name_os_thread(name: str) -> None:
-    """Give the calling thread `name` (15 bytes at most) in the OS too, Linux only, so that top -H,
-    perf and the ingest benchmark's per-thread CPU tell the platform's threads apart (Python 3.14
-    does this for every thread itself)."""
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(15, name.encode()[:15], 0, 0, 0)  # PR_SET_NAME
-    except (OSError, AttributeError):  # not Linux / no prctl: the name is only cosmetic
-        pass
 
 
 class SpanWriter(threading.Thread):

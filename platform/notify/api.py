@@ -1,4 +1,4 @@
-"""JSON API for channels and their delivery log (router of observatory.api): viewers read, admins manage.
+"""JSON API for channels and their delivery log (router of apikit.api): viewers read, admins manage.
 
 Delivery answers (the first 500 characters a destination answered) are shown to the project's admins only: a
 channel pointed at an internal service would otherwise let anyone who reads the log read that service.
@@ -7,13 +7,13 @@ from __future__ import annotations
 
 from typing import Annotated, Literal, Optional, Union
 
+from apikit.api import PROJECT_DESCRIPTION, ApiError, ApiRouter, declared, project_for, require, union_tags
+from apikit.inputs import Matching, ProjectName, QueryInt, Text
 from django.db import IntegrityError, transaction
 from django.http import HttpRequest
 from django.utils import timezone
 from ninja import Path, Query, Schema
 from ninja.responses import Status
-from observatory.api import PROJECT_DESCRIPTION, ApiError, ApiRouter, declared, project_for, require, union_tags
-from observatory.inputs import Matching, ProjectName, QueryInt, Text
 from pydantic import ConfigDict, Field, StrictBool
 from tenancy.keys import ApiIdentity
 from tenancy.models import Project
@@ -41,6 +41,13 @@ def _channel_for(identity: ApiIdentity, channel_id: int) -> ChannelRow:
     channel = ChannelRow.objects.select_related("project").filter(id=channel_id).first()
     if channel is None or identity.role_in(channel.project_id) is None:
         raise ApiError(404, f"no channel {channel_id} for this token")
+    return channel
+
+
+def _managed(identity: ApiIdentity, channel_id: int) -> ChannelRow:
+    """The token's channel ``channel_id`` (as _channel_for), which the token must be able to manage (admins)."""
+    channel = _channel_for(identity, channel_id)
+    require(identity, channel.project_id, "admin", "managing channels")
     return channel
 
 
@@ -330,8 +337,7 @@ def read_channel(request: HttpRequest, path: Path[ChannelPath]):
               summary="Change a channel (admins): any field but its kind; rotate or retire secrets")
 def change_channel(request: HttpRequest, path: Path[ChannelPath], body: ChannelChange):
     identity = request.auth
-    channel = _channel_for(identity, path.channel_id)
-    require(identity, channel.project_id, "admin", "managing channels")
+    channel = _managed(identity, path.channel_id)
     try:
         fields, generated = clean_input({k: v for k, v in _matchers_as_given(_fields(body), body).items()
                                          if v is not None}, channel)
@@ -364,9 +370,7 @@ def change_channel(request: HttpRequest, path: Path[ChannelPath], body: ChannelC
 
 @router.delete("/channels/{channel_id}", response=declared(ok={204: None}), summary="Delete a channel (admins)")
 def delete_channel(request: HttpRequest, path: Path[ChannelPath]):
-    identity = request.auth
-    channel = _channel_for(identity, path.channel_id)
-    require(identity, channel.project_id, "admin", "managing channels")
+    channel = _managed(request.auth, path.channel_id)
     with transaction.atomic():
         # Write first, collect after: the write takes the database's write lock (SQLite) or the row's lock
         # (PostgreSQL), so a delivery the worker queues meanwhile cannot slip in between the collection of the
@@ -379,9 +383,7 @@ def delete_channel(request: HttpRequest, path: Path[ChannelPath]):
 @router.post("/channels/{channel_id}/test", response=declared(ok={200: TestSent}),
              summary="Send a test notification now (admins); not retried")
 def test_channel(request: HttpRequest, path: Path[ChannelPath]):
-    identity = request.auth
-    channel = _channel_for(identity, path.channel_id)
-    require(identity, channel.project_id, "admin", "managing channels")
+    channel = _managed(request.auth, path.channel_id)
     delivery = services.send_test(channel)
     return {"delivery": delivery_json(delivery, show_answers=True), "url": redact_url(channel.url, channel.kind)}
 

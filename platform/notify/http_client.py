@@ -23,6 +23,8 @@ import ssl
 import time
 from urllib.parse import unquote, urljoin, urlsplit
 
+from django.conf import settings
+
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
 METADATA_ADDRESSES = frozenset(
@@ -113,8 +115,6 @@ class Policy:
 
 
 def policy_from_settings() -> Policy:
-    from django.conf import settings
-
     cfg = settings.NOTIFY
     return Policy.from_allow_list(
         cfg.get("ALLOW_PRIVATE_DESTINATIONS", ()),
@@ -259,28 +259,29 @@ def check_url(url: str, policy: Policy, *, resolve: bool = True) -> Target:
     return Target(url, scheme, host, port, tuple(str(ip) for ip, _ in allowed), request_path, basic)
 
 
-class _PinnedHTTPConnection(http.client.HTTPConnection):
-    """Connects to a checked address while the Host header keeps the name from the URL."""
+class _Pinned:
+    """A connection (mixed into http.client's) to a checked address, while the Host header, and over TLS the SNI
+    and the certificate check, keep the name from the URL."""
 
     def __init__(self, host, port, address, connect_timeout, **kwargs):
         super().__init__(host, port, **kwargs)
         self._address = address
         self._connect_timeout = connect_timeout
 
+    def _socket(self) -> socket.socket:
+        return socket.create_connection((self._address, self.port), self._connect_timeout)
+
+
+class _PinnedHTTPConnection(_Pinned, http.client.HTTPConnection):
     def connect(self):
-        self.sock = socket.create_connection((self._address, self.port), self._connect_timeout)
+        self.sock = self._socket()
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.sock.settimeout(self.timeout)
 
 
-class _PinnedHTTPSConnection(http.client.HTTPSConnection):
-    def __init__(self, host, port, address, connect_timeout, **kwargs):
-        super().__init__(host, port, **kwargs)
-        self._address = address
-        self._connect_timeout = connect_timeout
-
+class _PinnedHTTPSConnection(_Pinned, http.client.HTTPSConnection):
     def connect(self):
-        sock = socket.create_connection((self._address, self.port), self._connect_timeout)
+        sock = self._socket()
         sock.settimeout(self.timeout)
         self.sock = self._context.wrap_socket(sock, server_hostname=self.host)  # SNI and cert check on the name
 

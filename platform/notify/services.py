@@ -24,7 +24,7 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from . import http_client, metrics, renderers, signing
-from .channels import channel_accepts
+from .channels import channel_accepts, redact_url
 from .models import Channel, ChannelKind, Delivery, DeliveryAttempt, DeliveryStatus
 
 log = logging.getLogger(__name__)
@@ -244,8 +244,6 @@ def record(delivery: Delivery, channel: Channel, result: SendResult, token: uuid
            now: dt.datetime | None = None) -> str:
     """Store the attempt and the delivery's new state; returns the new status. The update is conditional on this
     worker's claim token, so a worker whose lease expired (and whose delivery was claimed again) changes nothing."""
-    from .channels import redact_url
-
     now = now or timezone.now()
     max_attempts = int(_cfg("MAX_ATTEMPTS", 31))
     fields: dict = {"last_status_code": result.status_code, "last_error": result.error[:1000],

@@ -11,8 +11,14 @@ import logging
 import socket
 import threading
 import time
+from pathlib import Path
 
+from celery.beat import EmbeddedService
+from celery.worker import WorkController, state
 from django.conf import settings
+from jobs.leases import SHUTTING_DOWN
+
+from observatory.celery_app import QUEUES, app, queue_name
 
 log = logging.getLogger(__name__)
 
@@ -27,10 +33,6 @@ class InProcessWorker:
         self._stopping = threading.Event()
 
     def start(self) -> None:
-        from celery.beat import EmbeddedService
-
-        from observatory.celery_app import app
-
         app.loader.import_default_modules()
         _ensure_broker_folders()
         self._stopping.clear()
@@ -43,10 +45,6 @@ class InProcessWorker:
                  " and beat" if self.with_beat else "", settings.CELERY_BROKER_URL.split("://", 1)[0])
 
     def _new_worker(self):
-        from celery.worker import WorkController
-
-        from observatory.celery_app import QUEUES, app, queue_name
-
         return WorkController(
             app=app,
             hostname=f"platform-{socket.gethostname()}-{id(self):x}@localhost",
@@ -77,8 +75,6 @@ class InProcessWorker:
 
     def stop(self) -> None:
         self._stopping.set()
-        from observatory.leases import SHUTTING_DOWN
-
         SHUTTING_DOWN.set()  # running regression runs stop sending and are resumed after a restart
         if self.worker is not None:
             # Asked, not forced: the consumer loop sees the flag at its next turn (within the 2 s its polling read
@@ -86,8 +82,6 @@ class InProcessWorker:
             # Stopping it from this thread closed the broker connection under the loop's read ("I/O operation on
             # closed file", a CRITICAL traceback at every shutdown with Redis). Asked first, so that it winds down
             # while beat stops (beat sleeps up to a second between ticks).
-            from celery.worker import state
-
             state.should_stop = 0
         if self.beat is not None:
             self.beat.stop()
@@ -107,8 +101,6 @@ class InProcessWorker:
 
 def _ensure_broker_folders() -> None:
     options = settings.CELERY_BROKER_TRANSPORT_OPTIONS or {}
-    from pathlib import Path
-
     for key in ("data_folder_in", "data_folder_out", "processed_folder", "control_folder"):
         if options.get(key):
             Path(options[key]).mkdir(parents=True, exist_ok=True)

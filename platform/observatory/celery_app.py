@@ -12,6 +12,7 @@ import os
 import re
 
 from celery import Celery, signals
+from django.conf import settings
 from kombu import Exchange, Queue
 from prometheus_client import start_http_server
 
@@ -30,8 +31,6 @@ QUEUES = ("slo", "alerts", "notify", "regressions", "tuning", "rollouts")
 def queue_prefix() -> str:
     """Queues are namespaced so that two deployments (or two test platforms) sharing one broker never take
     each other's tasks, whose work is "everything in my database"."""
-    from django.conf import settings
-
     return namespace(getattr(settings, "CELERY_QUEUE_PREFIX", None), settings.CELERY_BROKER_URL,
                      settings.DATABASES["default"])
 
@@ -56,8 +55,6 @@ def queue_name(short: str) -> str:
 def beat_schedule() -> dict:
     """The one beat schedule: SLO evaluation and alert checks every minute, due webhook deliveries every 10 s,
     pruning of old deliveries every hour."""
-    from django.conf import settings
-
     slo = getattr(settings, "SLO", {})
     every = float(slo.get("EVALUATE_INTERVAL_SECONDS", 60.0))
     notify = getattr(settings, "NOTIFY", {})
@@ -66,6 +63,10 @@ def beat_schedule() -> dict:
     sweep_every = float(getattr(settings, "REGRESSIONS", {}).get("SWEEP_INTERVAL_SECONDS", 15.0))
     tuning_every = float(getattr(settings, "TUNING", {}).get("SWEEP_INTERVAL_SECONDS", 15.0))
     rollouts_every = float(getattr(settings, "ROLLOUTS", {}).get("SWEEP_INTERVAL_SECONDS", 5.0))
+    # Engine models: their error on the latest traffic, and which groups are due for a calibration
+    # (CALIBRATION_INTERVAL_SECONDS after their last), every CALIBRATION_CHECK_SECONDS; queued calibrations nobody
+    # took are started by the tuning sweep.
+    calibrate_every = float(getattr(settings, "TUNING", {}).get("CALIBRATION_CHECK_SECONDS", 300.0))
     # A tick that waited in the broker (worker down or busy) expires: the next one does the same work. Not
     # sooner than 30 s, so that a slow broker poll under load does not discard every short-interval tick.
     def options(queue: str, interval: float) -> dict:
@@ -84,14 +85,14 @@ def beat_schedule() -> dict:
         "regressions-sweep": {"task": "regressions.sweep", "schedule": sweep_every,
                               "options": options("regressions", sweep_every)},
         "tuning-sweep": {"task": "tuning.sweep", "schedule": tuning_every, "options": options("tuning", tuning_every)},
+        "tuning-calibrate-groups": {"task": "tuning.calibrate_groups", "schedule": calibrate_every,
+                                    "options": options("tuning", calibrate_every)},
         "rollouts-sweep": {"task": "rollouts.sweep", "schedule": rollouts_every,
                            "options": options("rollouts", rollouts_every)},
     }
 
 
 def _configure(sender=None, **kwargs) -> None:
-    from django.conf import settings
-
     # One direct exchange per queue, named like it: routing never depends on Celery's default exchange.
     app.conf.task_queues = tuple(
         Queue(queue_name(q), Exchange(queue_name(q), type="direct"), routing_key=queue_name(q)) for q in QUEUES
@@ -118,8 +119,6 @@ app.on_after_configure.connect(_configure, weak=False)
 def _serve_worker_metrics(sender=None, **kwargs) -> None:
     """A standalone worker's own /metrics (OBSERVATORY_WORKER_METRICS_BIND): its tasks' counters live in its
     process, not in the platform's."""
-    from django.conf import settings
-
     bind = settings.OBSERVATORY_WORKER_METRICS_BIND
     if not bind:
         return

@@ -20,6 +20,7 @@ import uuid
 from queue import Empty
 from time import monotonic, sleep
 
+from celery.worker import state
 from kombu.exceptions import ChannelError
 from kombu.transport import filesystem
 from kombu.utils.encoding import str_to_bytes
@@ -114,7 +115,5 @@ class Transport(filesystem.Transport):
 
 
 def _worker_told_to_stop() -> bool:
-    from celery.worker import state
-
     # As celery's own check: 0 (an exit code) asks too, so not a truthiness test.
     return any(flag is not None and flag is not False for flag in (state.should_stop, state.should_terminate))

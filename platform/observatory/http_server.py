@@ -6,7 +6,8 @@ pool (OBSERVATORY_HTTP_THREADS) once its body is complete (WsgiOnThreads). Aroun
 
 - a header-read timeout (OBSERVATORY_HTTP_HEADER_TIMEOUT_SECONDS) from a connection's first byte, or
   from its opening when nothing comes, to the end of the request headers, and a bound on header
-  bytes (431 beyond it): a slow or silent client cannot hold a connection for long;
+  bytes (431 beyond it): a slow or silent client cannot hold a connection for long; the 408 or 431
+  is followed by a lingering close, so that a client still sending reads it instead of a reset;
 - an idle keep-alive timeout (OBSERVATORY_HTTP_KEEPALIVE_SECONDS) between requests;
 - whole bodies before Django: a request reaches the thread pool only once its body has arrived (at
   most OBSERVATORY_HTTP_MAX_BODY_BYTES, within OBSERVATORY_HTTP_BODY_TIMEOUT_SECONDS; 413 / 408
@@ -17,7 +18,7 @@ pool (OBSERVATORY_HTTP_THREADS) once its body is complete (WsgiOnThreads). Aroun
 
 Why not waitress, the server until this change: its one I/O thread rebuilds its poll set from every
 connection on each turn of its loop, and it has no header-read timeout. Measured on the 2-core
-machine with a trivial WSGI app and 2,000 open connections (docs in README "HTTP server"): waitress
+machine with a trivial WSGI app and 2,000 open connections (docs/ingest.md, "HTTP server limits"): waitress
 (asyncore poll, connection_limit 10,000) answered a normal request in 13 ms p50 and up to 440 ms,
 uvicorn in 2.3 ms p50 and 11 ms at most; with its default limit of 200 connections waitress stopped
 answering at all.
@@ -39,6 +40,7 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import httptools
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
@@ -58,6 +60,10 @@ def raise_open_files_limit(wanted: int) -> int:
     return soft
 
 
+class _Refused(Exception):
+    """Raised in a parser callback that has answered 408/431: stops the parser at once."""
+
+
 class GuardedHttpToolsProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol with a header-read timeout, a bound on header bytes, and bodies handed
     to the application in one piece.
@@ -74,6 +80,10 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     read_size = 1 << 20
     max_pending_body = 4 << 20
     idle_close_grace = 1.0  # at shutdown, an idle kept-alive connection closes after this (see shutdown())
+    # After a refusal, what the client still sends is read and dropped for this long, up to this many bytes
+    # (set per server: the largest request it would accept), before the close (see _reject).
+    linger_seconds = 2.0
+    linger_bytes = 20 << 20
 
     def connection_made(self, transport) -> None:
         super().connection_made(transport)
@@ -89,19 +99,45 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._header_bytes = 0  # bytes received since the last request's headers ended, outside bodies
         self._in_headers = False
         self._in_body = False
+        self._refused = False  # answered 408/431: the rest is read and dropped until the close
+        self._linger_left = 0
+        self._linger_timer: asyncio.TimerHandle | None = None
         # Nothing sent yet: the header clock runs from the opening.
         self._header_timer = self.loop.call_later(self.header_timeout, self._header_timeout)
 
     def connection_lost(self, exc) -> None:
         self._cancel_header_timer()
+        if self._linger_timer is not None:
+            self._linger_timer.cancel()
+            self._linger_timer = None
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
+        if self._refused:
+            self._linger_left -= len(data)
+            if self._linger_left <= 0:
+                self.transport.close()
+            return
         if self.transport.is_closing():
-            return  # refused (408/431): nothing more is parsed
+            return
         if not self._in_body:
             self._header_bytes += len(data)
-        super().data_received(data)
+        # uvicorn's data_received, but a callback that refused the request stops the parser without the 400
+        # uvicorn sends for a parse error.
+        self._unset_keepalive_if_required()
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError:
+            if self._refused:
+                return
+            self.logger.warning("Invalid HTTP request received.")
+            self.send_400_response("Invalid HTTP request received.")
+            return
+        except httptools.HttpParserUpgrade:
+            if self._should_upgrade():
+                self.handle_websocket_upgrade()
+            else:
+                self._unsupported_upgrade_warning()
         # Headers still incomplete: all that was received since they began is theirs.
         if self._in_headers and self._header_bytes > self.max_header_bytes and not self.transport.is_closing():
             self._reject(431, b"Request Header Fields Too Large")
@@ -119,6 +155,9 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self._header_size += len(name) + len(value) + 4
+        if self._header_size > self.max_header_bytes:  # many arrived within one read: stop parsing them now
+            self._reject(431, b"Request Header Fields Too Large")
+            raise _Refused
         super().on_header(name, value)
 
     def on_headers_complete(self) -> None:
@@ -128,7 +167,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._cancel_header_timer()
         if self._header_size > self.max_header_bytes:  # they arrived within one read
             self._reject(431, b"Request Header Fields Too Large")
-            return
+            raise _Refused
         super().on_headers_complete()
         if self._shutting_down and self.cycle is not None:
             self.cycle.keep_alive = False  # answered, then closed
@@ -187,12 +226,28 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             self.transport.close()  # opened and never used
 
     def _reject(self, status: int, reason: bytes) -> None:
+        """Answer, then a lingering close, as Apache and nginx do. The client is usually still sending (the
+        rest of a 200 KB header, its body); a socket closed with unread data sends a reset, and the client's
+        send fails or its kernel drops the answer not read yet: the exporter logs a reset and retries. So:
+        the answer, then FIN (write_eof), and what still comes is read and dropped until the client closes,
+        `linger_bytes` have come or `linger_seconds` have passed."""
         self._cancel_header_timer()
+        self._refused = True
+        if self.cycle is not None and not self.cycle.response_complete:
+            # A request pipelined behind one still being answered: its answer cannot go first.
+            self.transport.close()
+            return
         body = reason + b"\n"
         self.transport.write(
             b"HTTP/1.1 %d %s\r\ncontent-type: text/plain; charset=utf-8\r\ncontent-length: %d\r\n"
             b"connection: close\r\n\r\n%s" % (status, reason, len(body), body))
-        self.transport.close()
+        if not self.transport.can_write_eof():
+            self.transport.close()
+            return
+        self.transport.write_eof()
+        self.transport.resume_reading()
+        self._linger_left = self.linger_bytes
+        self._linger_timer = self.loop.call_later(self.linger_seconds, self.transport.close)
 
 
 async def _answer(send, status: int, text: str, *, retry_after: int | None = None, receive=None,
@@ -453,7 +508,8 @@ class HttpServer:
         self.bodies = WholeBodies(self.wsgi, max_body_bytes=max_body_bytes, body_timeout=body_timeout,
                                   retry_after=retry_after)
         protocol = type("PlatformHttpProtocol", (GuardedHttpToolsProtocol,),
-                        {"header_timeout": header_timeout, "max_header_bytes": max_header_bytes})
+                        {"header_timeout": header_timeout, "max_header_bytes": max_header_bytes,
+                         "linger_bytes": max_header_bytes + max_body_bytes})
         config = uvicorn.Config(
             self.bodies,
             http=protocol,

@@ -13,16 +13,19 @@ import time
 from pathlib import Path
 
 from django.conf import settings
+from django.db import close_old_connections
+from ingest import service as ingest_service
 from ingest.backpressure import Backpressure
 from ingest.otlp import Limits
 from ingest.rows import arrival_of
 from ingest.service import IngestService
 from ingest.spool import Spool
 from ingest.writer import SpanWriter
+from tenancy.models import Project
 from traces import ch_migrate
 from traces.request_builder import RequestBuilder
 from traces.rollups import RollupBuilder
-from traces.store import ClickHouseStore, get_store
+from traces.store import ClickHouseStore, get_store, set_pipeline_here
 
 log = logging.getLogger(__name__)
 
@@ -149,9 +152,6 @@ class PlatformRuntime:
 
 
 def _project_ids() -> list[int]:
-    from django.db import close_old_connections
-    from tenancy.models import Project
-
     close_old_connections()
     return list(Project.objects.values_list("id", flat=True))
 
@@ -161,9 +161,13 @@ _runtime_lock = threading.Lock()
 
 
 def set_runtime(runtime: PlatformRuntime | None) -> None:
+    """This process's pipeline (None: stopped), told to the apps through their own seams: ingest's OTLP/HTTP view
+    finds the service, and jobs that need the store know whether this process may open it."""
     global _runtime
     with _runtime_lock:
         _runtime = runtime
+        ingest_service.set_running(runtime.service if runtime is not None else None)
+        set_pipeline_here(runtime is not None)
 
 
 def get_runtime() -> PlatformRuntime | None:

@@ -73,7 +73,7 @@ INSTALLED_APPS = [
     "observatory",
     # The web dashboard (top-level dashboards/): server-rendered pages over the same data and roles as the API.
     "dashboards",
-    # Login throttling (README "Login and token throttling"); its tables hold the failed attempts and lockouts.
+    # Login throttling (docs/api.md, "Throttling"); its tables hold the failed attempts and lockouts.
     "axes",
 ]
 
@@ -312,6 +312,18 @@ TUNING = {
     # Robust re-scoring: the best distinct candidates (and the current config) re-scored over this many seeds.
     "RESCORE_CANDIDATES": envint("TUNING_RESCORE_CANDIDATES", 5),
     "RESCORE_SEEDS": envint("TUNING_RESCORE_SEEDS", 5),
+    # Engine models calibrated from a group's traffic (tuning/calibration.py, docs/tuning.md#engine-models):
+    # the engine-served requests with engine timings a window needs, the periodic calibration's window and
+    # interval (0 = off), and the held-out error (p50 TTFT or TPOT) above which a study refuses the model.
+    "CALIBRATION_MIN_REQUESTS": envint("TUNING_CALIBRATION_MIN_REQUESTS", 200),
+    "CALIBRATION_WINDOW_HOURS": envfloat("TUNING_CALIBRATION_WINDOW_HOURS", 1.0),
+    "CALIBRATION_INTERVAL_SECONDS": envfloat("TUNING_CALIBRATION_INTERVAL_SECONDS", 3600.0),
+    "MODEL_ERROR_BOUND": envfloat("TUNING_MODEL_ERROR_BOUND", 0.20),
+    # How often the worker measures each newest model's error on the latest traffic (and looks for groups due for
+    # a calibration), over how many minutes of traffic, and the fewest requests it measures on.
+    "CALIBRATION_CHECK_SECONDS": envfloat("TUNING_CALIBRATION_CHECK_SECONDS", 300.0),
+    "MODEL_LIVE_WINDOW_MINUTES": envfloat("TUNING_MODEL_LIVE_WINDOW_MINUTES", 15.0),
+    "MODEL_LIVE_MIN_REQUESTS": envint("TUNING_MODEL_LIVE_MIN_REQUESTS", 50),
 }
 
 # Rollouts (platform/rollouts, docs/rollouts.md).

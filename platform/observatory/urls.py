@@ -1,28 +1,24 @@
+from alerts.api import router as alerts
+from apikit.api import api, paths, unavailable
 from django.contrib import admin
 from django.urls import include, path, re_path
+from fleet.api import router as engine
 from ingest.views import otlp_traces
+from notify.api import router as channels
+from regressions.api import router as regressions
+from rollouts.api import router as rollouts
+from slo.api import router as slos
 from traces.api import not_found_view
+from traces.api import router as requests
+from traces.store import StoreUnavailable
+from tuning.api import router as tuning
 
 from . import views
-from .api import api, paths
 
-
-def _routers():
-    from alerts.api import router as alerts
-    from notify.api import router as channels
-    from regressions.api import router as regressions
-    from rollouts.api import router as rollouts
-    from slo.api import router as slos
-    from traces.api import router as requests
-    from tuning.api import router as tuning
-
-    from .engine_api import router as engine
-
-    return (("", requests), ("", engine), ("", slos), ("", alerts), ("", channels), ("", regressions), ("", tuning),
-            ("", rollouts))
-
-
-paths(_routers())
+# Every app's router under /api/v1 (one OpenAPI document), in the order the document lists them.
+paths((("", requests), ("", engine), ("", slos), ("", alerts), ("", channels), ("", regressions), ("", tuning),
+       ("", rollouts)))
+unavailable(StoreUnavailable, "the trace store is unavailable; retry shortly")
 
 urlpatterns = [
     path("v1/traces", otlp_traces, name="otlp-traces"),

@@ -1,13 +1,15 @@
 """Process-level endpoints: health, readiness, Prometheus metrics and the OpenAPI document."""
+from apikit.api import ApiError, ApiTokenAuth, error_response
 from django.http import HttpResponse, JsonResponse
 from django.views.decorators.http import require_GET
 from ingest import metrics
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from rollouts.metrics import RolloutCollector
 from slo.metrics import SloCollector
+from traces import metrics as decomposition_metrics
 from traces.store import StoreUnavailable, get_store
+from tuning.metrics import EngineModelCollector
 
-from .api import ApiError, ApiTokenAuth, error_response
 from .runtime import get_runtime
 
 
@@ -60,7 +62,7 @@ def prometheus_metrics(request):
     if runtime is not None:
         runtime.backpressure.publish()
         metrics.SPOOL_CACHE_BYTES.set(runtime.spool.cache_bytes)
-        metrics.DECOMPOSE_MEMORY_TRACES.set(len(runtime.builder.memory))
+        decomposition_metrics.DECOMPOSE_MEMORY_TRACES.set(len(runtime.builder.memory))
         if runtime.store.embedded:
             try:
                 tracked = runtime.store.system_query("SELECT value FROM system.metrics WHERE metric = 'MemoryTracking'")
@@ -72,5 +74,6 @@ def prometheus_metrics(request):
         registry = CollectorRegistry(auto_describe=False)
         registry.register(SloCollector(project_ids))
         registry.register(RolloutCollector(project_ids))
+        registry.register(EngineModelCollector(project_ids))
         body += generate_latest(registry)
     return HttpResponse(body, content_type=CONTENT_TYPE_LATEST)

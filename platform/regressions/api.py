@@ -1,4 +1,4 @@
-"""JSON API of golden datasets and regression runs (router of observatory.api): viewers read; operators create
+"""JSON API of golden datasets and regression runs (router of apikit.api): viewers read; operators create
 datasets, versions and runs, and cancel runs.
 
     GET  /datasets                              the project's datasets
@@ -11,7 +11,7 @@ datasets, versions and runs, and cancel runs.
     GET  /regression-runs/{id}                  state, progress, summary, verdict
     POST /regression-runs/{id}/cancel           ask it to stop
     GET  /regression-runs/{id}/comparison       gates, per-metric and per-bucket tests, quality (409 until done)
-    GET  /regression-runs/{id}/results          per request: output, scores, figures, trace id
+    GET  /regression-runs/{id}/results          per request: output, scores, figures, trace id, what served it
 """
 from __future__ import annotations
 
@@ -19,12 +19,13 @@ import datetime as dt
 import logging
 from typing import Annotated, Any, Literal, Optional, Union
 
+from apikit.api import PROJECT_DESCRIPTION, ApiError, ApiRouter, acting_in, declared, project_object, refused, require
+from apikit.inputs import Matching, ProjectName, QueryInt, Slug, Text, Time, iso
 from django.http import HttpRequest
 from ninja import Path, Query, Schema
 from ninja.responses import Status
-from observatory.api import PROJECT_DESCRIPTION, ApiError, ApiRouter, declared, project_for, require
-from observatory.inputs import Matching, ProjectName, QueryInt, Slug, Text, Time, iso
 from pydantic import ConfigDict, Field, StrictBool, StrictFloat, StrictInt
+from traces.store import get_store
 
 from . import service
 from .datasets import DatasetError, clean_items, resolve_version, traffic_items, write_version
@@ -171,6 +172,18 @@ class NewVersion(Schema):
     note: Text(500) = ""
 
 
+class CacheSweep(Schema):
+    """Measure the gateway's semantic-cache threshold (docs/regressions.md, "Measuring the semantic cache's
+    threshold"): after the replay with the cache bypassed, a pass per threshold with the semantic cache on."""
+
+    model_config = ConfigDict(extra="forbid")
+    thresholds: list[Annotated[StrictFloat | StrictInt, Field(gt=0, le=1)]] = Field(
+        ..., min_length=1, max_length=20, description="similarity thresholds in (0, 1], at most 4 decimals each")
+    max_false_hit_rate: StrictFloat | StrictInt = Field(
+        1.0, ge=0, le=100, description="percent: the recommended threshold is the lowest whose false-hit rate is "
+                                       "within it")
+
+
 class Options(Schema):
     model_config = ConfigDict(extra="forbid")
     rate: Optional[StrictFloat | StrictInt | Literal["inf"]] = Field(
@@ -187,6 +200,9 @@ class Options(Schema):
     arms: Literal["together", "in_turn"] = Field(
         "together", description="paired runs: both arms of an item sent at once (together), or the baseline's "
                                 "whole replay and then the candidate's (in_turn; for targets sharing one machine)")
+    cache_sweep: Optional[CacheSweep] = Field(
+        None, description="measure the target gateway's semantic-cache threshold; the report is the run's "
+                          "summary.cache_sweep")
 
 
 class NewRun(Schema):
@@ -224,7 +240,8 @@ class RunsQuery(ProjectQuery):
 
 
 class ResultsQuery(ProjectQuery):
-    arm: Optional[Literal["candidate", "baseline"]] = None
+    arm: Optional[Matching(r"^(candidate|baseline|t[0-9.]{1,6})$", "candidate, baseline, or a cache sweep's pass "
+                           "(t0.85)", min_length=1, max_length=10)] = None
     offset: QueryInt(0, 10_000_000, "results skipped") = 0
     limit: QueryInt(1, MAX_LIMIT, "results returned") = 100
 
@@ -325,6 +342,10 @@ class ResultOut(Schema):
     passed: Optional[bool]
     row_found: bool
     sent_at: Optional[dt.datetime] = Field(None, description="when the request was sent")
+    served_from: Optional[str] = Field(None, description="engine, exact_cache or semantic_cache (the gateway's "
+                                                         "X-Observatory-Cache header)")
+    similarity: Optional[float] = Field(None, description="a cache sweep's pass: the best similarity the "
+                                                          "gateway's semantic lookup found")
 
 
 class Results(Schema):
@@ -335,13 +356,6 @@ class Results(Schema):
 
 
 # -- views ---------------------------------------------------------------------------------------------------
-def _project(identity, name: str | None):
-    from tenancy.models import Project
-
-    project_id = project_for(identity, name)
-    return Project.objects.get(id=project_id)
-
-
 def dataset_json(dataset: Dataset, project: str) -> dict:
     latest = dataset.latest()
     return {"project": project, "name": dataset.name, "description": dataset.description,
@@ -407,7 +421,7 @@ _RUN_LINKS = {"GetRun": {"operationId": "regressions_api_read_run", "parameters"
 
 @router.get("/datasets", response=declared(ok={200: DatasetList}), summary="The project's golden datasets")
 def list_datasets(request: HttpRequest, query: Query[ProjectQuery]):
-    project = _project(request.auth, query.project)
+    project = project_object(request.auth, query.project)
     return {"project": project.name,
             "datasets": [dataset_json(d, project.name) for d in Dataset.objects.filter(project=project).order_by("name")]}
 
@@ -416,9 +430,7 @@ def list_datasets(request: HttpRequest, query: Query[ProjectQuery]):
              summary="Create a dataset with its first version (operators)",
              openapi_extra={"responses": {201: {"description": "the dataset", "links": _DATASET_LINKS}}})
 def create_dataset(request: HttpRequest, body: NewDataset, query: Query[ProjectQuery]):
-    identity = request.auth
-    project = _project(identity, query.project)
-    require(identity, project.id, "operator", "creating a dataset")
+    identity, project = acting_in(request, query.project, "operator", "creating a dataset")
     if Dataset.objects.filter(project=project, name=body.name).exists():
         raise ApiError(409, f"a dataset named {body.name!r} exists: add a version to it "
                             f"(POST /api/v1/datasets/{body.name}/versions)")
@@ -435,7 +447,7 @@ def create_dataset(request: HttpRequest, body: NewDataset, query: Query[ProjectQ
 @router.get("/datasets/{name}", response=declared(ok={200: DatasetDetail}),
             summary="A dataset, its versions and a page of one version's items")
 def read_dataset(request: HttpRequest, path: Path[DatasetPath], query: Query[DatasetQuery]):
-    project = _project(request.auth, query.project)
+    project = project_object(request.auth, query.project)
     dataset = _dataset(project, path.name)
     try:
         version = resolve_version(project, path.name, query.version)
@@ -452,16 +464,12 @@ def read_dataset(request: HttpRequest, path: Path[DatasetPath], query: Query[Dat
              summary="A new version of a dataset (operators): items upserted by id, ids deleted, or items shaped "
                      "like the project's traffic")
 def create_version(request: HttpRequest, path: Path[DatasetPath], body: NewVersion, query: Query[ProjectQuery]):
-    identity = request.auth
-    project = _project(identity, query.project)
-    require(identity, project.id, "operator", "changing a dataset")
+    identity, project = acting_in(request, query.project, "operator", "changing a dataset")
     _dataset(project, path.name)
     try:
         if body.from_traffic is not None:
             if body.items or body.delete:
                 raise ApiError(400, "from_traffic makes the whole version: leave items and delete out")
-            from traces.store import get_store
-
             until = body.from_traffic.until or dt.datetime.now(dt.timezone.utc)
             since = body.from_traffic.since or until - dt.timedelta(hours=24)
             if since >= until:
@@ -483,7 +491,7 @@ def create_version(request: HttpRequest, path: Path[DatasetPath], body: NewVersi
 
 @router.get("/regression-runs", response=declared(ok={200: RunList}), summary="Regression runs, newest first")
 def list_runs(request: HttpRequest, query: Query[RunsQuery]):
-    project = _project(request.auth, query.project)
+    project = project_object(request.auth, query.project)
     runs = RegressionRun.objects.filter(project=project).select_related("project", "dataset_version__dataset")
     if query.dataset:
         runs = runs.filter(dataset_version__dataset__name=query.dataset)
@@ -496,9 +504,7 @@ def list_runs(request: HttpRequest, query: Query[RunsQuery]):
              summary="Start a regression run (operators); the target (and a baseline target) must answer",
              openapi_extra={"responses": {201: {"description": "the run, queued", "links": _RUN_LINKS}}})
 def create_run(request: HttpRequest, body: NewRun, query: Query[ProjectQuery]):
-    identity = request.auth
-    project = _project(identity, query.project)
-    require(identity, project.id, "operator", "starting a regression run")
+    identity, project = acting_in(request, query.project, "operator", "starting a regression run")
     options = body.options.model_dump()
     try:
         run = service.create_run(project, dataset=body.dataset, version=body.version, target=body.target,
@@ -506,9 +512,7 @@ def create_run(request: HttpRequest, body: NewRun, query: Query[ProjectQuery]):
                                  created_by=identity.username, target_config=body.target_config,
                                  baseline_config=body.baseline_config)
     except service.RunError as exc:
-        raise ApiError(exc.status, str(exc),
-                       problems=[{"field": exc.field or "body", "location": "body", "reason": p}
-                                 for p in exc.problems]) from None
+        raise refused(exc) from None
     log.info("regression run %s (%s/%s → %s) started by %s", run.id, project.name, body.dataset, run.label,
              identity.username)
     return Status(201, run_json(_run(identity, run.id)))
@@ -554,4 +558,5 @@ def read_results(request: HttpRequest, path: Path[RunPath], query: Query[Results
         "success": r.success, "status": r.status, "error": r.error or None, "output": r.output,
         "finish_reason": r.finish_reason or None, "prompt_tokens": r.prompt_tokens,
         "completion_tokens": r.completion_tokens, "prompt_bucket": r.prompt_bucket or None, "metrics": r.metrics,
-        "scores": r.scores, "passed": r.passed, "row_found": r.row_found, "sent_at": r.sent_at} for r in page]}
+        "scores": r.scores, "passed": r.passed, "row_found": r.row_found, "sent_at": r.sent_at,
+        "served_from": r.served_from or None, "similarity": r.similarity} for r in page]}

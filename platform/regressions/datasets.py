@@ -33,6 +33,9 @@ from typing import Any
 
 from django.db import OperationalError, transaction
 
+from engine.tokens import count_tokens, synthetic_text
+
+from . import queries
 from .evaluators import EvaluatorError, check_evaluators
 from .models import Dataset, DatasetItem, DatasetVersion
 
@@ -41,7 +44,7 @@ MAX_ITEM_BYTES = 256 * 1024
 MAX_ITEMS = 100_000
 MAX_FILE_BYTES = 512 * 1024 * 1024
 MAX_PROBLEMS = 50
-DATASET_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,99}$")  # observatory.inputs.SLUG_PATTERN
+DATASET_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,99}$")  # apikit.inputs.SLUG_PATTERN
 ITEM_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,199}$")
 ROLES = ("system", "developer", "user", "assistant", "tool")
 # Request parameters an item may set; the runner owns model, stream, n and the stream options.
@@ -275,8 +278,6 @@ def _sharegpt_entry(entry: Any) -> Any:
     prompt, reply = turns[index].get("value"), turns[index + 1].get("value")
     if not isinstance(prompt, str) or not isinstance(reply, str):
         raise ValueError("turn values must be strings")
-    from engine.tokens import count_tokens
-
     messages.append({"role": "user", "content": prompt})
     item = {"messages": messages, "expected": reply, "params": {"max_tokens": max(1, count_tokens(reply))}}
     if entry.get("id") is not None:
@@ -416,17 +417,7 @@ def traffic_items(store, project_id: int, *, since, until, size: int, seed: int 
     """`size` synthetic items shaped like the project's traffic in [since, until): per prompt bucket, as many
     items as its share of requests, each with the prompt and output lengths of a request drawn from that
     bucket (synthetic text of that many tokens; max_tokens = its output tokens, ignore_eos so the length holds)."""
-    from engine.tokens import synthetic_text
-
-    rows = store.query(
-        f"SELECT prompt_bucket, prompt_tokens, completion_tokens FROM {store.table('llm_requests')} FINAL "
-        "WHERE project_id = {project_id:UInt32} AND start_time >= {since:DateTime64(6)} "
-        "AND start_time < {until:DateTime64(6)} AND status = 'ok' AND prompt_tokens IS NOT NULL "
-        "AND completion_tokens IS NOT NULL AND completion_tokens > 0 "
-        "ORDER BY cityHash64(request_key) LIMIT 200000",
-        project_id=project_id,
-        parameters={"since": since.replace(tzinfo=None), "until": until.replace(tzinfo=None)},
-    )
+    rows = queries.traffic_lengths(store, project_id, since=since, until=until)
     if not rows:
         raise DatasetError(["no completed requests with token counts in that time range"])
     by_bucket: dict[str, list[tuple[int, int]]] = {}

@@ -11,7 +11,7 @@
                                                         lossless change such as speculative decoding)
 
 An item with an expected output and no evaluators gets exact and similarity. Embedding similarity (a local
-sentence-embedding model) is not built in: see the README ("Regression runs").
+sentence-embedding model) is not built in: see docs/regressions.md ("Evaluators").
 """
 from __future__ import annotations
 
@@ -64,6 +64,7 @@ def check_evaluators(evaluators: Any) -> list[dict]:
             except re.error as exc:
                 raise EvaluatorError(f"{where}.pattern does not compile: {exc}") from None
         elif kind == "json_schema":
+            # jsonschema on first use (~90 ms to import): only datasets with this evaluator need it.
             from jsonschema import Draft202012Validator
             from jsonschema.exceptions import SchemaError
 
@@ -133,7 +134,7 @@ def evaluate(spec: dict, output: str, *, expected: str | None, baseline_output: 
             return {"score": 0.0, "passed": False, "detail": f"not JSON: {exc}"[:200]}
         if kind == "json":
             return {"score": 1.0, "passed": True}
-        from jsonschema import Draft202012Validator
+        from jsonschema import Draft202012Validator  # on first use, as in check_evaluators
 
         errors = sorted(Draft202012Validator(spec["schema"]).iter_errors(document), key=lambda e: list(e.path))
         if errors:

@@ -147,6 +147,7 @@ class Arm(models.TextChoices):
 
 class RunResult(models.Model):
     run = models.ForeignKey(RegressionRun, on_delete=models.CASCADE, related_name="results")
+    # candidate | baseline, or a cache sweep's pass at one threshold: "t0.85" (regressions.cache_sweep.arm_of)
     arm = models.CharField(max_length=10, choices=Arm.choices, default=Arm.CANDIDATE)
     item_id = models.CharField(max_length=200)
     repetition = models.PositiveIntegerField(default=0)
@@ -166,6 +167,12 @@ class RunResult(models.Model):
     scores = models.JSONField(default=dict)  # evaluator → {"score", "passed", "detail"?}
     passed = models.BooleanField(null=True)  # every evaluator passed (None: no evaluator)
     sent_at = models.DateTimeField(null=True, blank=True)
+    # What answered: engine, or the gateway's response cache (exact_cache | semantic_cache, its X-Observatory-Cache
+    # header); "" for results recorded before it was kept.
+    served_from = models.CharField(max_length=20, blank=True, default="")
+    # The best similarity the gateway's semantic lookup found (its span's observatory.cache.similarity), when it
+    # looked one up: a cache sweep's passes.
+    similarity = models.FloatField(null=True, blank=True)
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["run", "arm", "item_id", "repetition", "warmup"],

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import itertools
+import json
 import math
 import queue as queue_module
 import threading
@@ -28,10 +29,17 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import aiohttp
+from django.conf import settings
+from fleet.state import fleet_spec, fleet_state
 
+from engine.config import EngineConfig
+from engine.launcher.config_replica import BACKENDS
 from engine.loadgen import arrivals
 from engine.loadgen.client import RequestRecord, RequestSender
 from engine.tokens import count_tokens
+
+from . import cache_sweep
+from .datasets import json_problem
 
 SERVICE_NAME = "llm-regression"
 TRACER_NAME = "regressions.runner"
@@ -74,12 +82,8 @@ def parse_target(text: str) -> dict:
 def config_target(config: Any) -> dict:
     """An engine config (vLLM knob names) started for the run as a simulated replica; raises TargetError naming
     each problem of the config."""
-    from engine.config import EngineConfig
-
     if not isinstance(config, dict):
         raise TargetError("the target config must be a mapping of vLLM knobs (model, max_num_seqs, ...)")
-    from .datasets import json_problem
-
     problem = json_problem(config, "the target config")
     if problem:
         raise TargetError(problem)
@@ -99,7 +103,7 @@ VLLM_START_SECONDS = 240.0  # how much longer a run waits for a real vLLM it sta
 def backend_of(spec: dict) -> dict:
     """The backend keys a config target keeps: {"backend": "vllm", "served_model_name"?} (real `vllm serve`)."""
     backend = spec.get("backend", "simulator")
-    if backend not in ("simulator", "vllm"):
+    if backend not in BACKENDS:
         raise TargetError(f"backend must be simulator or vllm, not {backend!r}")
     out = {"backend": backend}
     if spec.get("served_model_name"):
@@ -107,107 +111,12 @@ def backend_of(spec: dict) -> dict:
     return out
 
 
-class ConfigReplica:
-    """The replica a config target runs on for the length of a run, on a free port, its llm_request spans exported
-    to this platform with the run's project key (replica group `run-<id>-<arm>`): the simulator in real time
-    (`python -m engine.replica`), or, for a target with ``backend: vllm``, a real `vllm serve` started with the
-    launcher's command (every knob on its argv; vLLM's CPU build where there is no GPU)."""
-
-    def __init__(self, target: dict, *, run_id: int, arm: str, directory, traces_url: str, ingest_key: str,
-                 seed: int = 0):
-        self.target = target
-        self.run_id, self.arm = run_id, arm
-        self.directory = directory
-        self.traces_url, self.ingest_key, self.seed = traces_url, ingest_key, seed
-        self.process = None
-        self.port: int | None = None
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1"
-
-    def start(self) -> str:
-        import os
-        import socket
-        import subprocess
-
-        from engine.config import EngineConfig
-        from engine.launcher.vllm_command import (
-            find_vllm_executable,
-            render_simulator_command,
-            render_vllm_command,
-            write_config_file,
-        )
-
-        config = EngineConfig.from_dict(self.target["config"])
-        self.directory.mkdir(parents=True, exist_ok=True)
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            self.port = probe.getsockname()[1]
-        group = f"run-{self.run_id}-{self.arm}"
-        headers = {"authorization": f"Bearer {self.ingest_key}"}
-        env = dict(os.environ)
-        if self.target.get("backend") == "vllm":
-            executable = find_vllm_executable()
-            if executable is None:
-                raise TargetError("this target runs on real vLLM, which is not installed here (make vllm)")
-            command = render_vllm_command(
-                config, host="127.0.0.1", port=self.port, served_model_name=self.target.get("served_model_name"),
-                otlp_traces_endpoint=self.traces_url, otlp_protocol="grpc", otlp_headers=headers, group=group,
-                vllm_executable=executable)
-            if config.kv_cache_memory_bytes is not None:
-                env.pop("VLLM_CPU_KVCACHE_SPACE", None)  # the flag sizes the cache; both would conflict
-        else:
-            path = write_config_file(config, self.directory / f"{self.arm}.json")
-            command = render_simulator_command(
-                config, config_path=path, host="127.0.0.1", port=self.port, group=group,
-                otlp_traces_endpoint=self.traces_url, otlp_protocol="http/protobuf", otlp_headers=headers,
-                seed=self.seed)
-        log = open(self.directory / f"{self.arm}.log", "ab")
-        try:
-            self.process = subprocess.Popen(command.argv, env={**env, **command.env}, stdout=log,
-                                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                            start_new_session=True)
-        finally:
-            log.close()
-        return self.base_url
-
-    def stop(self) -> None:
-        import os
-        import signal
-        import subprocess
-
-        if self.process is None or self.process.poll() is not None:
-            return
-        # Its whole process group: vLLM runs an engine core and a worker beside its API server.
-        try:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            self.process.wait(30)
-        except ProcessLookupError:
-            return
-        except subprocess.TimeoutExpired:
-            try:
-                os.killpg(self.process.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            self.process.wait(10)
-
-
 def gateway_base_url() -> str:
-    """The managed fleet's gateway (OpenAI API base URL), from the fleet file the platform uses."""
-    import os
-
-    from django.conf import settings
-
-    from engine.launcher.cli import default_fleet_file
-    from engine.launcher.fleet import FleetSpec
-
+    """The managed fleet's gateway (OpenAI API base URL): REGRESSIONS["GATEWAY_URL"], else the fleet file's."""
     configured = settings.REGRESSIONS.get("GATEWAY_URL")
     if configured:
         return configured.rstrip("/")
-    env = dict(os.environ)
-    spec = FleetSpec.load(default_fleet_file(), env=env)
-    return spec.gateway_url.rstrip("/") + "/v1"
+    return fleet_spec().gateway_url.rstrip("/") + "/v1"
 
 
 def endpoint_of(target: dict) -> tuple[str, dict[str, str]]:
@@ -228,8 +137,6 @@ async def _probe(base_url: str, headers: dict[str, str], timeout: float) -> str:
                     raise TargetError(f"GET {base_url}/models answered {response.status}: "
                                       f"{body[:200].decode('utf-8', 'replace')}")
                 try:
-                    import json
-
                     models = json.loads(body).get("data") or []
                     model = models[0]["id"]
                 except (ValueError, AttributeError, LookupError, TypeError):
@@ -245,8 +152,6 @@ def check_target(target: dict, timeout: float = PROBE_TIMEOUT) -> str:
     if target["kind"] == "config":
         return target["config"].get("model", "")
     if target["kind"] == "group":
-        from observatory.engine_link import fleet_state
-
         state = fleet_state()
         if not state.get("running"):
             raise TargetError(f"group {target['group']!r}: the managed engine fleet is not running "
@@ -268,6 +173,7 @@ class Slot:
     warmup: bool
     offset: float  # seconds from the start of its phase
     phase: int = 0  # arms in turn: phases run one after another, the next once every request of the last ended
+    in_order: bool = False  # sent once the request before it ended (a cache sweep's pass)
 
 
 def _offsets(options: dict, count: int) -> list[float]:
@@ -286,7 +192,9 @@ def plan(items: list[dict], options: dict, *, paired: bool) -> list[Slot]:
     repetition. Paired with arms `together` (the default), both arms of an item are sent at the same moment,
     their order alternating; with arms `in_turn`, the baseline's whole replay (phase 0) comes before the
     candidate's (phase 1), each with the same arrival times and its own warm-up, so the two never share the
-    machine (two real vLLM servers on one CPU host would split its cores)."""
+    machine (two real vLLM servers on one CPU host would split its cores). A cache sweep (never paired) adds a
+    phase per threshold after the candidate's: every item once, in dataset order, one at a time
+    (regressions.cache_sweep)."""
     units: list[tuple[dict, int, bool]] = []
     for n in range(int(options.get("warmup", 0))):
         units.append((items[n % len(items)], n, True))
@@ -306,6 +214,11 @@ def plan(items: list[dict], options: dict, *, paired: bool) -> list[Slot]:
             arms = ["candidate", "baseline"] if index % 2 == 0 else ["baseline", "candidate"]
         for arm in arms:
             slots.append(Slot(len(slots), item, repetition, arm, warmup, offset))
+    sweep = options.get("cache_sweep")
+    for phase, threshold in enumerate(sweep["thresholds"] if sweep else (), start=1):
+        # After the candidate's replay (the cache bypassed), each threshold's pass: every item once, in order.
+        for item in items:
+            slots.append(Slot(len(slots), item, 0, cache_sweep.arm_of(threshold), False, 0.0, phase, True))
     return slots
 
 
@@ -347,16 +260,11 @@ class ItemSender(RequestSender):
     unless the item asks), streamed with usage."""
 
     def body(self, content: ItemContent) -> dict[str, Any]:
-        body: dict[str, Any] = {"model": self.model}
-        if self.endpoint == "chat":
-            body["messages"] = [dict(m) for m in content.messages or ()]
-        else:
-            body["prompt"] = content.prompt
-        body["temperature"] = 0.0
+        # The load generator's body without its benchmark's ignore_eos; the item's parameters never hold the keys
+        # that define the measurement (max_tokens is taken out of them, stream is not one a dataset may set).
+        body = super().body(content)
+        del body["ignore_eos"]
         body.update(content.params)
-        body.update({"max_tokens": content.max_tokens, "stream": self.stream})
-        if self.stream:
-            body["stream_options"] = {"include_usage": True}
         return body
 
 
@@ -448,6 +356,8 @@ class Replay:
                         if delay > 0:
                             await asyncio.sleep(delay)
                         tasks.append(asyncio.create_task(one(slot, run_start)))
+                        if slot.in_order:
+                            await tasks[-1]
                     await asyncio.gather(*tasks)  # the next phase starts once every request of this one ended
             except BaseException:
                 for task in tasks:

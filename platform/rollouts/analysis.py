@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 from regressions import stats
 
+from . import queries
 from .plan import LATENCY_METRICS, METRIC_LABELS
 
 QUANTILES = (0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99)
@@ -52,15 +53,7 @@ class Sample:
 def fetch(store, project_id: int, groups: tuple[str, str], since: dt.datetime, until: dt.datetime
           ) -> dict[str, Sample]:
     """{group: Sample} of the two groups' requests that arrived in [since, until)."""
-    table = store.table("llm_requests")
-    columns = ", ".join(LATENCY_METRICS)
-    rows = store.query(
-        f"SELECT replica_group, status, {columns} FROM {table} FINAL "
-        "WHERE project_id = {project_id:UInt32} AND start_time >= {since:DateTime64(6)} "
-        "AND start_time < {until:DateTime64(6)} AND replica_group IN ({a:String}, {b:String}) "
-        f"ORDER BY start_time DESC LIMIT {2 * MAX_ROWS_PER_GROUP}",
-        project_id=project_id,
-        parameters={"since": _naive(since), "until": _naive(until), "a": groups[0], "b": groups[1]})
+    rows = queries.group_requests(store, project_id, groups, since, until, limit=2 * MAX_ROWS_PER_GROUP)
     collected: dict[str, dict[str, list[float]]] = {g: {m: [] for m in LATENCY_METRICS} for g in groups}
     samples = {g: Sample() for g in groups}
     for row in rows:
@@ -78,10 +71,6 @@ def fetch(store, project_id: int, groups: tuple[str, str], since: dt.datetime, u
     for group, sample in samples.items():
         sample.values = {m: np.asarray(v, dtype=float) for m, v in collected[group].items()}
     return samples
-
-
-def _naive(t: dt.datetime) -> dt.datetime:
-    return t.astimezone(dt.timezone.utc).replace(tzinfo=None) if t.tzinfo else t
 
 
 def hl_interval(baseline: np.ndarray, canary: np.ndarray, confidence: float, seed: int = 0

@@ -1,4 +1,4 @@
-"""JSON API of rollouts (router of observatory.api): viewers read; operators pause; admins start, resume, approve,
+"""JSON API of rollouts (router of apikit.api): viewers read; operators pause; admins start, resume, approve,
 promote, abort and retry.
 
     GET  /rollouts                      rollouts, newest first
@@ -12,15 +12,16 @@ from __future__ import annotations
 import logging
 from typing import Any, Literal, Optional
 
+from apikit.api import PROJECT_DESCRIPTION, ApiError, ApiRouter, acting_in, declared, project_object, refused, require
+from apikit.inputs import ProjectName, QueryInt, Text
 from django.http import HttpRequest
 from ninja import Path, Query, Schema
 from ninja.responses import Status
-from observatory.api import PROJECT_DESCRIPTION, ApiError, ApiRouter, declared, project_for, require
-from observatory.inputs import ProjectName, QueryInt, Text
 from pydantic import ConfigDict, Field, StrictInt
 
-from . import service
+from . import controls, service
 from .models import Rollout, RolloutAnalysis
+from .transitions import Conflict
 
 log = logging.getLogger(__name__)
 router = ApiRouter(tags=["rollouts"])
@@ -91,12 +92,6 @@ class AnalysisOut(Schema):
     figures: dict[str, Any]
 
 
-def _project(identity, name: str | None):
-    from tenancy.models import Project
-
-    return Project.objects.get(id=project_for(identity, name))
-
-
 def _rollout(identity, rollout_id: int) -> Rollout:
     rollout = Rollout.objects.select_related("project").filter(
         id=rollout_id, project_id__in=list(identity.projects)).first()
@@ -109,18 +104,13 @@ def _detail(identity, rollout_id: int) -> dict:
     return service.summary(_rollout(identity, rollout_id), detail=True)
 
 
-def _error(exc: service.RolloutError) -> ApiError:
-    return ApiError(exc.status, str(exc), problems=[{"field": exc.field or "body", "location": "body", "reason": p}
-                                                    for p in exc.problems])
-
-
 _LINKS = {"GetRollout": {"operationId": "rollouts_api_read_rollout",
                          "parameters": {"rollout_id": "$response.body#/id"}}}
 
 
 @router.get("/rollouts", response=declared(ok={200: RolloutList}), summary="Rollouts, newest first")
 def list_rollouts(request: HttpRequest, query: Query[RolloutsQuery]):
-    project = _project(request.auth, query.project)
+    project = project_object(request.auth, query.project)
     rollouts = Rollout.objects.filter(project=project).select_related("project")
     if query.state:
         rollouts = rollouts.filter(state=query.state)
@@ -133,14 +123,12 @@ def list_rollouts(request: HttpRequest, query: Query[RolloutsQuery]):
              summary="Start a rollout of a new config to a replica group (admins)",
              openapi_extra={"responses": {201: {"description": "the rollout, pending", "links": _LINKS}}})
 def create_rollout(request: HttpRequest, body: NewRollout, query: Query[ProjectQuery]):
-    identity = request.auth
-    project = _project(identity, query.project)
-    require(identity, project.id, "admin", "starting a rollout")
+    identity, project = acting_in(request, query.project, "admin", "starting a rollout")
     try:
         rollout = service.create_rollout(project, group=body.group, config=body.config, from_study=body.from_study,
                                          plan=body.plan, created_by=identity.username)
     except service.RolloutError as exc:
-        raise _error(exc) from None
+        raise refused(exc) from None
     log.info("rollout %s of %s/%s started by %s", rollout.id, project.name, body.group, identity.username)
     return Status(201, _detail(identity, rollout.id))
 
@@ -162,59 +150,56 @@ def read_analysis(request: HttpRequest, path: Path[AnalysisPath]):
             "summary": found.summary, "figures": found.figures}
 
 
-def _control(request, rollout_id: int, role: str, what: str, action) -> Status:
+def _control(request, rollout_id: int, role: str, what: str, action, *args) -> Status:
+    """``action(rollout, "user:<name>", *args)`` on a rollout of the token's projects, by a token with ``role``."""
     identity = request.auth
     rollout = _rollout(identity, rollout_id)
     require(identity, rollout.project_id, role, what)
     try:
-        action(rollout, identity.username)
-    except service.Conflict:
+        action(rollout, f"user:{identity.username}", *args)
+    except Conflict:
         raise ApiError(409, f"rollout {rollout.id} changed meanwhile; look again") from None
     except service.RolloutError as exc:
-        raise _error(exc) from None
+        raise refused(exc) from None
     log.info("rollout %s: %s by %s", rollout.id, what, identity.username)
     return Status(202, _detail(identity, rollout.id))
+
+
+def _reason(body: Reason | None) -> str:
+    return body.reason if body else ""
 
 
 @router.post("/rollouts/{rollout_id}/pause", response=declared(409, ok={202: RolloutOut}),
              summary="Pause a running rollout where it is (operators)")
 def pause(request: HttpRequest, path: Path[RolloutPath], body: Reason = None):
-    reason = body.reason if body else ""
-    return _control(request, path.rollout_id, "operator", "pausing a rollout",
-                    lambda r, who: service.manual_pause(r, f"user:{who}", reason))
+    return _control(request, path.rollout_id, "operator", "pausing a rollout", controls.manual_pause, _reason(body))
 
 
 @router.post("/rollouts/{rollout_id}/resume", response=declared(409, ok={202: RolloutOut}),
              summary="Resume a paused rollout (admins); a canary step starts over on fresh requests")
 def resume(request: HttpRequest, path: Path[RolloutPath]):
-    return _control(request, path.rollout_id, "admin", "resuming a rollout",
-                    lambda r, who: service.resume(r, f"user:{who}"))
+    return _control(request, path.rollout_id, "admin", "resuming a rollout", controls.resume)
 
 
 @router.post("/rollouts/{rollout_id}/approve", response=declared(409, ok={202: RolloutOut}),
              summary="Approve the rollout's manual approval step (admins)")
 def approve(request: HttpRequest, path: Path[RolloutPath]):
-    return _control(request, path.rollout_id, "admin", "approving a rollout step",
-                    lambda r, who: service.approve(r, f"user:{who}"))
+    return _control(request, path.rollout_id, "admin", "approving a rollout step", controls.approve)
 
 
 @router.post("/rollouts/{rollout_id}/promote", response=declared(409, ok={202: RolloutOut}),
              summary="Promote now, skipping the remaining steps (admins, audited)")
 def promote(request: HttpRequest, path: Path[RolloutPath]):
-    return _control(request, path.rollout_id, "admin", "promoting a rollout",
-                    lambda r, who: service.promote_now(r, f"user:{who}"))
+    return _control(request, path.rollout_id, "admin", "promoting a rollout", controls.promote_now)
 
 
 @router.post("/rollouts/{rollout_id}/abort", response=declared(409, ok={202: RolloutOut}),
              summary="Abort: roll back (canary weight 0, its replicas stopped, the group untouched) (admins)")
 def abort(request: HttpRequest, path: Path[RolloutPath], body: Reason = None):
-    reason = body.reason if body else ""
-    return _control(request, path.rollout_id, "admin", "aborting a rollout",
-                    lambda r, who: service.abort(r, f"user:{who}", reason))
+    return _control(request, path.rollout_id, "admin", "aborting a rollout", controls.abort, _reason(body))
 
 
 @router.post("/rollouts/{rollout_id}/retry", response=declared(409, ok={202: RolloutOut}),
              summary="Run a paused rollout's step again from its start (admins)")
 def retry(request: HttpRequest, path: Path[RolloutPath]):
-    return _control(request, path.rollout_id, "admin", "retrying a rollout step",
-                    lambda r, who: service.retry(r, f"user:{who}"))
+    return _control(request, path.rollout_id, "admin", "retrying a rollout step", controls.retry)

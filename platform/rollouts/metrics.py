@@ -11,8 +11,12 @@ from __future__ import annotations
 import datetime as dt
 import logging
 
+from django.db.models import Q
+from django.utils import timezone
 from prometheus_client import Counter
 from prometheus_client.core import GaugeMetricFamily
+
+from .models import ACTIVE_STATES, Rollout
 
 log = logging.getLogger(__name__)
 
@@ -30,12 +34,6 @@ class RolloutCollector:
     def collect(self):
         if not self.project_ids:
             return
-        from django.db.models import Q
-        from django.utils import timezone
-
-        from .models import ACTIVE_STATES, Rollout
-        from .service import current_weight
-
         try:
             recent = timezone.now() - dt.timedelta(hours=1)
             rollouts = list(Rollout.objects.filter(project_id__in=self.project_ids)
@@ -55,7 +53,7 @@ class RolloutCollector:
             labels = [rollout.project.name, rollout.group, str(rollout.id)]
             state.add_metric([*labels, rollout.state], 1)
             step.add_metric(labels, rollout.step)
-            weight.add_metric(labels, current_weight(rollout))
+            weight.add_metric(labels, rollout.canary_weight)
         yield state
         yield step
         yield weight

@@ -70,6 +70,24 @@ class Rollout(models.Model):
         """The group whose requests the canary's are compared with."""
         return self.twin_group or self.group
 
+    @property
+    def canary_weight(self) -> float:
+        """The canary's share (%) of the group's traffic the step asks for (0 outside canary steps): a canary
+        step's weight once the canary takes it, the previous canary step's before that and after it."""
+        if self.state not in (RolloutState.PROGRESSING, RolloutState.PAUSED, RolloutState.GATING):
+            return 0.0
+        steps = self.plan["steps"]
+        if self.step < len(steps) and steps[self.step]["kind"] == "canary" and \
+                (self.step_status or {}).get("traffic_since"):
+            return steps[self.step]["weight"]
+        return self.previous_canary_weight or 0.0
+
+    @property
+    def previous_canary_weight(self) -> float | None:
+        """The weight of the last canary step before the one under way; None when there was none."""
+        weights = [s["weight"] for s in self.plan["steps"][:self.step] if s["kind"] == "canary"]
+        return weights[-1] if weights else None
+
     class Meta:
         ordering = ["-created_at", "-id"]
         indexes = [models.Index(fields=["project", "-created_at"]), models.Index(fields=["state"])]

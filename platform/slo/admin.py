@@ -10,8 +10,9 @@ class SloForm(forms.ModelForm):
     class Meta:
         model = SLO
         fields = (
-            "project", "name", "description", "sli", "threshold_ms", "objective", "period_days", "filters", "tiers",
-            "min_requests", "min_bad", "no_data", "repeat_interval_seconds", "labels", "enabled",
+            "project", "name", "description", "sli", "threshold_ms", "objective", "period_days", "filters",
+            "include_cached", "tiers", "min_requests", "min_bad", "no_data", "repeat_interval_seconds", "labels",
+            "enabled",
         )
 
     def clean(self):
@@ -21,7 +22,8 @@ class SloForm(forms.ModelForm):
         definition = {
             "name": data.get("name"), "description": data.get("description") or "", "sli": data.get("sli"),
             "objective": data.get("objective"), "period": data.get("period_days"),
-            "filters": data.get("filters") or {}, "tiers": data.get("tiers") or "default",
+            "filters": data.get("filters") or {}, "include_cached": bool(data.get("include_cached")),
+            "tiers": data.get("tiers") or "default",
             "min_requests": data.get("min_requests"), "min_bad": data.get("min_bad"), "no_data": data.get("no_data"),
             "repeat_interval": data.get("repeat_interval_seconds"), "labels": data.get("labels") or {},
             "enabled": data.get("enabled"),

@@ -1,4 +1,4 @@
-"""JSON API of SLOs (router of observatory.api): /slos (list, create), /slos/{name} (read, replace, delete),
+"""JSON API of SLOs (router of apikit.api): /slos (list, create), /slos/{name} (read, replace, delete),
 /slos/{name}/history.
 
 Viewers read; operators (and admins) create, replace and delete. A body is first parsed by its declared type
@@ -12,10 +12,7 @@ import datetime as dt
 import logging
 from typing import Annotated, Any, Literal, Optional, Union
 
-from django.http import HttpRequest
-from ninja import Path, Query, Schema
-from ninja.responses import Status
-from observatory.api import (
+from apikit.api import (
     PROJECT_DESCRIPTION,
     ApiError,
     ApiRouter,
@@ -25,7 +22,10 @@ from observatory.api import (
     require,
     union_tags,
 )
-from observatory.inputs import Duration, DurationOrSeconds, Matching, ProjectName, QueryInt, Slug, Text, Time
+from apikit.inputs import Duration, DurationOrSeconds, Matching, ProjectName, QueryInt, Slug, Text, Time
+from django.http import HttpRequest
+from ninja import Path, Query, Schema
+from ninja.responses import Status
 from pydantic import ConfigDict, Field, StrictBool, StrictFloat, StrictInt
 from traces.store import get_store
 
@@ -116,6 +116,9 @@ class _Definition(Schema):
                                  examples=["99%", 0.999])
     period: Union[Literal["28d", "30d"], Literal[28, 30]] = "30d"
     filters: Optional[Filters] = None
+    include_cached: StrictBool = Field(False, description="also count requests the gateway answered from its response "
+                                                          "cache (served_from exact_cache | semantic_cache); false: "
+                                                          "engine-served requests only")
     tiers: Union[Literal["default"], Annotated[list[Tier], Field(min_length=1, max_length=definitions.MAX_TIERS)]] = \
         Field("default", description="'default' (the SRE Workbook's four tiers) or your own; tier names are unique")
     min_requests: Annotated[StrictInt, Field(ge=0, le=10_000_000)] = 20
@@ -233,6 +236,7 @@ class Slo(Schema):
     period: str
     period_days: int
     filters: dict[str, list[str]]
+    include_cached: bool = Field(description="false: only engine-served requests count; true: response-cache hits too")
     tiers: list[TierOut]
     default_tiers: bool
     error_budget: float

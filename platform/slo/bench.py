@@ -4,7 +4,7 @@
 
 In a scratch data directory (embedded mode: SQLite + chdb in this process): 100 SLOs of mixed SLIs and
 filters, request rows generated inside ClickHouse (INSERT … SELECT from numbers(), as
-observatory.bench.summary does) over the last `days` days with their hour touches, one warm-up cycle
+traces.bench does) over the last `days` days with their hour touches, one warm-up cycle
 (which builds the SLI buckets of every closed hour, printed as slo_bucket_backfill_s), then `runs`
 timed cycles of `evaluate_all` (bucket refresh, window counts, burn rates, status series, SLO rows and
 the alert lifecycle when present); the median is the figure.
@@ -77,9 +77,9 @@ def main(argv=None) -> None:
 
     django.setup()
     from django.core.management import call_command
-    from observatory.bench.seed import seed_requests
     from tenancy.models import Project
     from traces import ch_migrate
+    from traces.seed import seed_requests
     from traces.store import get_store, reset_store
 
     from slo import evaluation, services

@@ -16,8 +16,8 @@ FILTER_DIMENSIONS = ("service", "model", "prompt_bucket", "engine_config", "repl
 PROMPT_BUCKETS = ("<256", "<1k", "<4k", "<16k", ">=16k", "unknown")
 PERIODS_DAYS = (28, 30)
 FIELDS = (
-    "name", "description", "sli", "threshold_ms", "objective", "period", "filters", "tiers", "min_requests", "min_bad",
-    "no_data", "repeat_interval", "labels", "enabled",
+    "name", "description", "sli", "threshold_ms", "objective", "period", "filters", "include_cached", "tiers",
+    "min_requests", "min_bad", "no_data", "repeat_interval", "labels", "enabled",
 )
 _SLUG = re.compile(r"^[a-z0-9][a-z0-9_-]{0,99}$")
 _LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]{0,63}$")
@@ -146,6 +146,13 @@ def validate(data, *, where: str = "") -> dict:
     filters = _filters(data.get("filters", {}) or {}, problems)
     if filters is not None:
         out["filters"] = filters
+
+    include_cached = data.get("include_cached", False)
+    if not isinstance(include_cached, bool):
+        problems.append(f"include_cached: true (also count requests the gateway's response cache answered) or false "
+                        f"(engine-served requests only), not {include_cached!r}")
+    else:
+        out["include_cached"] = include_cached
 
     tiers = _tiers(data.get("tiers", "default"), problems)
     if tiers is not None:
@@ -333,6 +340,7 @@ def render(slo: SLO) -> dict:
         "objective": format_objective(slo.objective),
         "period": f"{slo.period_days}d",
         "filters": dict(slo.filters or {}),
+        "include_cached": slo.include_cached,
         "tiers": list(slo.tiers) if slo.tiers else "default",
         "min_requests": slo.min_requests,
         "min_bad": slo.min_bad,

@@ -10,6 +10,7 @@ import datetime as dt
 import logging
 import time
 from collections import defaultdict
+from collections.abc import Callable
 
 from django.conf import settings
 from django.db import close_old_connections
@@ -22,18 +23,15 @@ log = logging.getLogger(__name__)
 HOURS_PER_BUILD = 24  # hours of raw rows one bucket-building statement reads at most
 
 
-def _apply_evaluation():
-    """alerts.lifecycle.apply_evaluation, or None while the alerts app does not provide it."""
-    try:
-        from alerts.lifecycle import apply_evaluation
-    except ModuleNotFoundError as exc:
-        if exc.name not in ("alerts.lifecycle", "alerts"):
-            log.exception("alerts.lifecycle cannot be imported; alerts are not updated")
-        return None
-    except ImportError:
-        log.exception("alerts.lifecycle cannot be imported; alerts are not updated")
-        return None
-    return apply_evaluation
+# What acts on each SLO's evaluation (the alerts app registers its lifecycle when it is installed): the SLO app
+# knows nothing of alerts, and an error in one listener neither stops the others nor the cycle.
+_listeners: list[Callable] = []
+
+
+def on_evaluated(listener: Callable) -> None:
+    """Call ``listener(slo, evaluation)`` after every evaluation of an SLO (once per listener)."""
+    if listener not in _listeners:
+        _listeners.append(listener)
 
 
 def evaluate_all(now: dt.datetime | None = None, *, store: ClickHouseStore | None = None) -> int:
@@ -92,14 +90,13 @@ def evaluate_project(store: ClickHouseStore, project_id: int, slos: list[SLO], n
             "bads": {label: c.bad for label, c in evaluation.counts.items()},
         })
     queries.insert_status(store, project_id, points, config["STATUS_RETENTION_DAYS"])
-    apply_evaluation = _apply_evaluation()
     for slo, evaluation in zip(slos, evaluations):
         record(slo, evaluation)
-        if apply_evaluation is not None:
+        for listener in _listeners:
             try:
-                apply_evaluation(slo, evaluation)
+                listener(slo, evaluation)
             except Exception:
-                log.exception("alert lifecycle failed for SLO %s", slo)
+                log.exception("%s failed for SLO %s", getattr(listener, "__qualname__", listener), slo)
     return evaluations
 
 

@@ -22,6 +22,8 @@ from django.conf import settings
 from prometheus_client import REGISTRY, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 
+from .models import SLO
+
 log = logging.getLogger(__name__)
 
 # Why a cycle did not evaluate every project: ClickHouse unreachable, or anything else (logged).
@@ -123,8 +125,6 @@ class SloCollector:
     def collect(self):
         if not slo_series_enabled() or not self.project_ids:
             return
-        from .models import SLO
-
         try:
             rows = list(
                 SLO.objects.filter(enabled=True, project_id__in=self.project_ids).order_by("project__name", "name")

@@ -39,6 +39,9 @@ class SLO(models.Model):
     filters = models.JSONField(default=dict, blank=True,
                                help_text='{"service": [...], "model": [...], "prompt_bucket": [...], "engine_config": [...], '
                                          '"replica_group": [...]}')
+    include_cached = models.BooleanField(
+        default=False, help_text="also count requests the gateway answered from its response cache (served_from "
+                                 "exact_cache | semantic_cache); off: engine-served requests only")
     tiers = models.JSONField(default=list, blank=True,
                              help_text='[{"name", "severity", "long_window", "short_window", "factor"}]; [] = defaults')
     min_requests = models.PositiveIntegerField(default=20, help_text="requests needed in a tier's long window")
@@ -85,15 +88,19 @@ class SLO(models.Model):
 
     @property
     def sli_key(self) -> int:
-        """Identifies what is counted (SLI, threshold, filters), not the objective: SLOs with the same
-        SLI share their counts, and a changed threshold or filter starts a new series."""
-        return sli_key(self.sli, self.threshold_ms, self.filters)
+        """Identifies what is counted (SLI, threshold, filters, cached traffic or not), not the objective: SLOs
+        with the same SLI share their counts, and a changed threshold, filter or include_cached starts a new
+        series."""
+        return sli_key(self.sli, self.threshold_ms, self.filters, self.include_cached)
 
 
-def sli_key(sli: str, threshold_ms: float | None, filters: dict) -> int:
+def sli_key(sli: str, threshold_ms: float | None, filters: dict, include_cached: bool = False) -> int:
+    # include_cached joins the canonical form only when set: an engine-only SLI keeps the key (and the buckets) it
+    # had before response-cache hits existed, whose rows were all engine-served (served_from 'engine').
     canonical = json.dumps(
         {"sli": sli, "threshold_ms": threshold_ms if sli != Sli.ERROR_RATIO else None,
-         "filters": {k: sorted(v) for k, v in sorted(filters.items()) if v}},
+         "filters": {k: sorted(v) for k, v in sorted(filters.items()) if v},
+         **({"include_cached": True} if include_cached else {})},
         sort_keys=True, separators=(",", ":"),
     )
     return int.from_bytes(hashlib.blake2b(canonical.encode(), digest_size=8).digest(), "big") >> 1  # fits Int64 too

@@ -126,16 +126,22 @@ def _bucket_bound(slo, metric: str, bounds) -> str:
     )
 
 
+def _threshold_bucket(slo, tpot_metric: str | None) -> tuple[str, str]:
+    """The histogram that measures the SLO's latency (``tpot_metric`` for TPOT, when given) and the matcher of its
+    bucket at the threshold; ExportError when the threshold is no bucket bound."""
+    metric, bounds = HISTOGRAMS[slo.sli]
+    if slo.sli == "tpot_ms" and tpot_metric:
+        metric = tpot_metric
+    return metric, 'le="' + _bucket_bound(slo, metric, bounds) + '"'
+
+
 def error_ratio_expr(slo, window: str, matchers: list[str], tpot_metric: str | None = None) -> str:
     if slo.sli == "error_ratio":
         sel_all = _selector(matchers)
         sel_err = _selector(matchers, ERROR_MATCHER)
         return (f"sum(rate({SUCCESS_COUNTER}{sel_err}[{window}])) / "
                 f"sum(rate({SUCCESS_COUNTER}{sel_all}[{window}]))")
-    metric, bounds = HISTOGRAMS[slo.sli]
-    if slo.sli == "tpot_ms" and tpot_metric:
-        metric = tpot_metric
-    le_matcher = 'le="' + _bucket_bound(slo, metric, bounds) + '"'
+    metric, le_matcher = _threshold_bucket(slo, tpot_metric)
     good = f"sum(rate({metric}_bucket{_selector(matchers, le_matcher)}[{window}]))"
     total = f"sum(rate({metric}_count{_selector(matchers)}[{window}]))"
     return f"1 - ({good} / {total})"
@@ -148,10 +154,7 @@ def _guard(slo, window: str, matchers: list[str], tpot_metric: str | None) -> st
         total = f"sum(increase({SUCCESS_COUNTER}{_selector(matchers)}[{window}]))"
         bad = f"sum(increase({SUCCESS_COUNTER}{_selector(matchers, ERROR_MATCHER)}[{window}]))"
     else:
-        metric, bounds = HISTOGRAMS[slo.sli]
-        if slo.sli == "tpot_ms" and tpot_metric:
-            metric = tpot_metric
-        le_matcher = 'le="' + _bucket_bound(slo, metric, bounds) + '"'
+        metric, le_matcher = _threshold_bucket(slo, tpot_metric)
         total = f"sum(increase({metric}_count{_selector(matchers)}[{window}]))"
         bad = f"({total} - sum(increase({metric}_bucket{_selector(matchers, le_matcher)}[{window}])))"
     if slo.min_requests:
@@ -164,6 +167,10 @@ def _guard(slo, window: str, matchers: list[str], tpot_metric: str | None) -> st
 def rules_for(slo, *, extra_matchers: list[str], tpot_metric: str | None = None) -> tuple[list[dict], list[str]]:
     """The rule groups of one SLO and the warnings; ExportError when the SLO cannot be expressed."""
     matchers, warnings = _matchers(slo, extra_matchers)
+    if slo.include_cached:
+        # vLLM's histograms see only what reached it: like the platform's engine SLOs, never a response-cache hit.
+        warnings.append(f"{slo.project.name}/{slo.name}: include_cached counts the gateway's response-cache hits, "
+                        "which never reach vLLM; these rules count engine-served requests only")
     ident = {"project": slo.project.name, "slo": slo.name}
     tiers = sorted(slo.burn_tiers, key=burn.tier_order)
     period = burn.window_label(slo.period)
@@ -244,7 +251,7 @@ def _sli_text(slo) -> str:
     return f"{slo.sli} ≤ {slo.threshold_ms:g} ms"
 
 
-# The platform's own health, over its /metrics (README "Overload and backpressure"): exports should become
+# The platform's own health, over its /metrics (docs/ingest.md, "Overload and backpressure"): exports should become
 # queryable within seconds; these say when they do not.
 INGEST_LAG_P99_SECONDS = 30  # ticket: p99 from arrival to queryable rows over 5 minutes, for 10 minutes
 INGEST_STALLED_SECONDS = 300  # page: the oldest accepted export not queryable after 5 minutes, for 5 minutes

@@ -10,6 +10,8 @@ How a window is counted without scanning 30 days of raw rows:
   (one query, sumIf per window), and reads raw rows only for what buckets cannot answer: hours not
   built yet (the current one, recently closed ones, dirty ones) and the partial 5-minute bucket at
   the start of each window (one query grouped by minute, a countIf pair per SLI).
+An SLI counts engine-served rows only (`served_from = 'engine'`: the gateway's response-cache hits never reached
+the engine) unless its SLO sets `include_cached`, which is part of its sli_key.
 Every statement filters on the project and binds values as parameters; column names come from
 allow-lists.
 """
@@ -20,6 +22,8 @@ import datetime as dt
 import time
 from typing import Any
 
+import orjson
+from traces.queries import ENGINE_SERVED
 from traces.store import ClickHouseStore
 
 from .burn import WindowCounts
@@ -45,11 +49,13 @@ class SliDefinition:
     sli: str
     threshold_ms: float | None
     filters: tuple[tuple[str, tuple[str, ...]], ...]
+    # False: engine-served requests only (served_from = 'engine'); True: the gateway's response-cache hits too.
+    include_cached: bool = False
 
     @classmethod
     def of(cls, slo) -> SliDefinition:
         filters = tuple(sorted((k, tuple(sorted(v))) for k, v in (slo.filters or {}).items() if v))
-        return cls(slo.sli_key, slo.sli, slo.threshold_ms, filters)
+        return cls(slo.sli_key, slo.sli, slo.threshold_ms, filters, bool(slo.include_cached))
 
 
 def _utc_naive(t: dt.datetime) -> dt.datetime:
@@ -66,7 +72,9 @@ def sli_conditions(definitions: list[SliDefinition], params: dict[str, Any]) -> 
     are added to `params`."""
     out = []
     for i, d in enumerate(definitions):
-        clauses = []
+        # A request the gateway answered from its response cache never reached the engine: an engine SLO does not
+        # count it (its fast answer would pass for a fast engine) unless the SLO opts in.
+        clauses = [] if d.include_cached else [ENGINE_SERVED]
         for column, values in d.filters:
             if column not in FILTER_COLUMNS:
                 raise ValueError(f"unknown filter {column!r}")
@@ -295,8 +303,6 @@ def _raw_ranges(windows: list[dt.timedelta], at: dt.datetime, open_from: dt.date
 def insert_status(store: ClickHouseStore, project_id: int, points: list[dict], retention_days: int) -> None:
     """One point per SLO evaluation: {slo_id, at, state, firing_tier, severity, budget_remaining,
     burn_rates, totals, bads}."""
-    import orjson
-
     if not points:
         return
     lines = []

@@ -6,6 +6,7 @@ import threading
 
 from celery import shared_task
 from django.conf import settings
+from traces import store
 
 from . import evaluation, metrics
 
@@ -20,9 +21,7 @@ def may_touch_clickhouse() -> bool:
     (it would fail, or worse, hold the directory and keep the platform from starting)."""
     if not settings.EMBEDDED_MODE:
         return True
-    from observatory.runtime import get_runtime
-
-    return get_runtime() is not None
+    return store.pipeline_here()
 
 
 @shared_task(name="slo.evaluate_all", ignore_result=True)

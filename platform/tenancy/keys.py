@@ -114,3 +114,30 @@ def resolve_api_token(raw: str | None) -> ApiIdentity | None:
         projects[membership.project_id] = effective
         names[membership.project.name] = membership.project_id
     return ApiIdentity(token.user_id, token.user.username, token.role, projects, names)
+
+
+class SecretNotFound(LookupError):
+    """No single key or token matches what was given; the message says why and what to pass instead."""
+
+
+def find_secret(model: type[ApiToken] | type[IngestKey], value: str, *, what: str, noun: str, owner: str,
+                example: str):
+    """The one API token or ingest key whose full value or display prefix (its first 12 characters) is ``value``,
+    for the revoke commands. Prefixes carry 48 random bits, so a shared one is rare; a secret the caller did not
+    single out is never chosen (SecretNotFound)."""
+    value = value.strip()
+    if not value:
+        raise SecretNotFound(f"give the {noun}'s display prefix (e.g. {example}) or the full {noun}")
+    rows = model.objects.select_related(owner)
+    by_hash = rows.filter(**{model.HASH_FIELD: hash_secret(value)}).first()
+    if by_hash is not None:
+        return by_hash
+    matches = list(rows.filter(display_prefix=value).order_by("id"))
+    if not matches:
+        raise SecretNotFound(f"no {what} with the prefix or value {value[:12]!r}")
+    active = [row for row in matches if row.revoked_at is None]
+    if len(active) > 1 or (not active and len(matches) > 1):
+        owners = ", ".join(sorted({str(getattr(row, owner)) for row in matches}))
+        raise SecretNotFound(f"{len(matches)} {what}s share the prefix {value!r} ({owner}s: {owners}); pass the full "
+                             f"{noun}")
+    return active[0] if active else matches[0]

@@ -52,6 +52,7 @@ class IngestKey(models.Model):
     name = models.CharField(max_length=100, blank=True)
     display_prefix = models.CharField(max_length=16)
     key_hash = models.CharField(max_length=64, unique=True)
+    HASH_FIELD = "key_hash"
     created_at = models.DateTimeField(default=timezone.now)
     revoked_at = models.DateTimeField(null=True, blank=True)
 
@@ -75,6 +76,7 @@ class ApiToken(models.Model):
     name = models.CharField(max_length=100, blank=True)
     display_prefix = models.CharField(max_length=16)
     token_hash = models.CharField(max_length=64, unique=True)
+    HASH_FIELD = "token_hash"
     created_at = models.DateTimeField(default=timezone.now)
     # Kept to the minute (tenancy.keys): when the token last authenticated a request.
     last_used_at = models.DateTimeField(null=True, blank=True)

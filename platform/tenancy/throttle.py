@@ -1,10 +1,12 @@
 """Throttling of failed authentication: API tokens per client address (here), and logins per user and address
 (django-axes, configured in settings; it asks `client_address` too).
 
-API tokens: after API_AUTH["FAILURE_LIMIT"] failed attempts from one address within FAILURE_WINDOW_SECONDS, the
-address gets 429 with Retry-After for COOLOFF_SECONDS, whatever token it sends (a valid one included: the
-address is what is throttled). Counts live in Django's cache: per process with the default local-memory cache,
-shared between processes with CACHE_URL=redis://… (README "Login and token throttling").
+API tokens: after API_AUTH["FAILURE_LIMIT"] failed attempts from one address within FAILURE_WINDOW_SECONDS, a bad
+token from that address gets 429 with Retry-After for COOLOFF_SECONDS instead of 401. Only failures are throttled:
+a valid token is resolved first and always let in, so one misconfigured script behind a shared NAT or an untrusted
+proxy cannot lock the address's other users out (tokens carry 256 random bits: the throttle bounds what bad
+attempts cost, guessing is hopeless anyway). Counts live in Django's cache: per process with the default
+local-memory cache, shared between processes with CACHE_URL=redis://… (docs: "Login and token throttling").
 """
 from __future__ import annotations
 
@@ -52,7 +54,7 @@ def _keys(address: str) -> tuple[str, str]:
 
 
 def api_blocked_for(address: str) -> int:
-    """Seconds this address is still refused (0: not blocked)."""
+    """Seconds this address's bad tokens are still answered 429 (0: not blocked)."""
     until = cache.get(_keys(address)[1])
     if until is None:
         return 0

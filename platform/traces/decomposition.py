@@ -67,7 +67,7 @@ no engine below (a gateway's own instrumented SDK call to an external provider) 
 indistinguishable from an application behind the gateway and anchors its own
 client-only row next to the gateway's row.
 
-Figures (DESIGN.md, "Latency decomposition")
+Figures (docs/decomposition.md)
 --------------------------------------------
 The outermost hop is the client if present, else the gateway, else the engine. A hop's
 e2e is its span duration, except the engine hop, whose e2e is ``engine_e2e_ms`` (vLLM
@@ -93,6 +93,14 @@ e2e is its span duration, except the engine hop, whose e2e is ``engine_e2e_ms`` 
 - ``request_id``, ``model``, ``engine_config``, ``replica_group``, ``prompt_tokens``,
   ``completion_tokens``: the engine's value, else the gateway's, else the client's.
 - ``status``: 'error' if any hop ``is_error``, else 'ok'.
+- ``cached_prompt_tokens``: the engine's, else the nearest gateway's, else the client's.
+- ``served_from``: 'engine', unless the request has no engine hop and its innermost gateway says
+  ``exact_cache`` | ``semantic_cache``: then that gateway (the *server*) stands in for the engine: queue, prefill
+  and decode are 0, ``overhead_ms`` = server e2e - lookup (0 when NULL), ``network_ms`` = outermost e2e - server
+  e2e - gateway_ms (NULL when the server is the outermost hop), ``lookup_ms`` = the server's and
+  ``cached_prompt_tokens`` NULL (no engine read the prompt). ``lookup_ms`` is NULL on engine-served rows (a
+  miss's lookup is inside the gateway's time), so for every row, NULLs as 0:
+  ``e2e = network + gateway + lookup + overhead + queue + prefill + decode``.
 
 Nothing is clamped: a slightly negative network or overhead (clock skew between hosts,
 rounding of the engine's float seconds) is kept as is, because clamping would break
@@ -104,13 +112,14 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Mapping
 
-from collectors.base import LLMCall, Role
+from collectors.base import CACHE_CLASSES, LLMCall, Role
 
 __all__ = ["Hop", "RequestRecord", "decompose_trace", "prompt_bucket"]
 
 _CLIENT, _GATEWAY, _ENGINE = 0, 1, 2
 _RANK: dict[object, int] = {Role.CLIENT: _CLIENT, Role.GATEWAY: _GATEWAY, Role.ENGINE: _ENGINE}
 _MISSING = object()
+_CACHE_CLASSES = frozenset(CACHE_CLASSES)  # LLMCall.served_from of a response-cache hit
 
 
 @dataclasses.dataclass(slots=True)
@@ -165,6 +174,9 @@ class RequestRecord:
     gateway_ms: float | None = None   # Σ the gateways' own processing where attributed (see Hop), else None
     joined_by: str = ""               # 'response_id' when the hops came from several traces (traces/joins.py)
     linked_trace_ids: tuple[str, ...] = ()  # the other traces of a joined row
+    cached_prompt_tokens: int | None = None  # prompt tokens read from a cache (engine, else gateway, else client)
+    served_from: str = "engine"       # 'engine' | 'exact_cache' | 'semantic_cache' (the gateway's response cache)
+    lookup_ms: float | None = None    # the gateway's response-cache lookup, when it reported one
 
 
 def prompt_bucket(tokens: int | None) -> str:
@@ -280,21 +292,29 @@ def _record(client: LLMCall | None, gateways: list[LLMCall], engine: LLMCall | N
     completion_tokens = e.completion_tokens
     if completion_tokens is None:
         completion_tokens = _pick("completion_tokens", inner, c)
-    request_id = e.request_id
-    if not request_id:
-        request_id = _pick_text("request_id", inner, c)
-    model = e.model
-    if not model:
-        model = _pick_text("model", inner, c)
-    engine_config = e.engine_config
-    if not engine_config:
-        engine_config = _pick_text("engine_config", inner, c)
-    replica_group = e.replica_group
-    if not replica_group:
-        replica_group = _pick_text("replica_group", inner, c)
+    cached_prompt_tokens = e.cached_prompt_tokens
+    if cached_prompt_tokens is None:
+        cached_prompt_tokens = _pick("cached_prompt_tokens", inner, c)
+    if cached_prompt_tokens is not None and prompt_tokens is not None and cached_prompt_tokens > prompt_tokens:
+        cached_prompt_tokens = None  # from hops that disagree: dropped, as a normaliser drops its own
+    request_id = e.request_id or _pick_text("request_id", inner, c)
+    model = e.model or _pick_text("model", inner, c)
+    engine_config = e.engine_config or _pick_text("engine_config", inner, c)
+    replica_group = e.replica_group or _pick_text("replica_group", inner, c)
     tpot = None
     if decode is not None and completion_tokens is not None and completion_tokens > 1:
         tpot = decode / (completion_tokens - 1)
+    served_from, lookup = "engine", None
+    if engine is None and gateways and gateways[-1].served_from in _CACHE_CLASSES:
+        # Answered from the innermost gateway's response cache (docs/decomposition.md): that gateway takes the
+        # engine's place, its lookup and the rest of its own time split it; no engine read any prompt.
+        server = gateways[-1]
+        served_from, lookup, cached_prompt_tokens = server.served_from, server.lookup_ms, None
+        queue = prefill = decode = 0.0
+        server_e2e = hops[-1].duration_ms
+        overhead = server_e2e - (lookup or 0.0)
+        if outer is not server:
+            network = e2e - server_e2e - (gateway_ms or 0.0)
     error = e.is_error or c.is_error
     if not error:
         for gateway in gateways:
@@ -329,6 +349,11 @@ def _record(client: LLMCall | None, gateways: list[LLMCall], engine: LLMCall | N
         "error" if error else "ok",  # status
         replica_group,
         gateway_ms,
+        "",  # joined_by
+        (),  # linked_trace_ids
+        cached_prompt_tokens,
+        served_from,
+        lookup,  # lookup_ms
     )
 
 
@@ -355,7 +380,8 @@ class _NoCall:
     """Stand-in for an absent hop: every optional figure is None."""
 
     __slots__ = ()
-    prompt_tokens = completion_tokens = request_id = model = engine_config = replica_group = None
+    prompt_tokens = completion_tokens = cached_prompt_tokens = request_id = model = engine_config = None
+    replica_group = None
     is_error = False
 
 
@@ -410,6 +436,32 @@ def _simple_chain(calls: list[LLMCall], parents: Mapping[str, str]):
 def _claim_key(call: LLMCall) -> tuple[int, str]:
     """Rule 3 order: the attempt that ends last wins; ties -> larger span id."""
     return (call.end_ns, call.span_id)
+
+
+def _nearest_above(span: str | None, wanted: int, up: Mapping[str, str | None], rank: Mapping[str, int],
+                   memo: dict[str, str | None]) -> tuple[str | None, list[str]]:
+    """The nearest span of rank ``wanted`` from ``span`` up (None when an engine or the root comes first) and the
+    spans passed on the way. A span whose answer ``memo`` holds ends the walk with it; the passed spans' answer
+    goes into ``memo``."""
+    path = []
+    found = None
+    s = span
+    while s is not None:
+        r = rank[s]
+        if r == wanted:
+            found = s
+            break
+        if r == _ENGINE:
+            break
+        m = memo.get(s, _MISSING)
+        if m is not _MISSING:
+            found = m
+            break
+        path.append(s)
+        s = up[s]
+    for x in path:
+        memo[x] = found
+    return found, path
 
 
 def decompose_trace(calls: Iterable[LLMCall], parents: Mapping[str, str],
@@ -558,27 +610,9 @@ def decompose_trace(calls: Iterable[LLMCall], parents: Mapping[str, str],
     passed: set[str] = set()             # clients passed over below a gateway hop (absorbed)
     gw_memo: dict[str, str | None] = {}  # client -> nearest gateway above it (engine walks)
     for e in engines:
-        g = None
-        path = []
-        s = up[e]
-        while s is not None:
-            r = rank[s]
-            if r == _GATEWAY:
-                g = s
-                break
-            if r == _ENGINE:
-                break
-            m = gw_memo.get(s, _MISSING)
-            if m is not _MISSING:
-                g = m
-                break
-            path.append(s)
-            s = up[s]
-        if path:
-            for x in path:
-                gw_memo[x] = g
-            if g is not None:
-                passed.update(path)
+        g, path = _nearest_above(up[e], _GATEWAY, up, rank, gw_memo)
+        if path and g is not None:
+            passed.update(path)
         if g is None:
             g = sibling_gateway(e)
         if g is not None:
@@ -690,24 +724,7 @@ def decompose_trace(calls: Iterable[LLMCall], parents: Mapping[str, str],
         if not looks:
             continue
         top = req[1][-1] if req[1] else req[2]
-        path = []
-        c = None
-        s = up[top]
-        while s is not None:
-            r = rank[s]
-            if r == _CLIENT:
-                c = s
-                break
-            if r == _ENGINE:
-                break
-            m = cl_memo.get(s, _MISSING)
-            if m is not _MISSING:
-                c = m
-                break
-            path.append(s)
-            s = up[s]
-        for x in path:
-            cl_memo[x] = c
+        c, _ = _nearest_above(up[top], _CLIENT, up, rank, cl_memo)
         if c is not None:
             key = _claim_key(by_id[top])
             cur = client_claims.get(c)

@@ -15,7 +15,8 @@ Definitions
 -----------
 *Piece.* A request row of one trace that is not complete: it has no engine hop (an *upper* piece, keyed by the
 id its innermost hop received, or when that hop records none the nearest hop above it: `outer_key`), or its outermost hop is not a client (a *lower* piece, keyed by the
-ids its hops answered with: `inner_keys`). A gateway-only row (LiteLLM alone) is both.
+ids its hops answered with: `inner_keys`). A gateway-only row (LiteLLM alone) is both. A row a gateway served from
+its response cache is never an upper piece (it has no engine to find).
 
 *Chain.* Pieces sharing a key form a component. It is joined only when it orders into one chain: the piece with
 a client on top first, then by e2e, longest first (durations, not start times: the hosts' clocks differ), and
@@ -95,7 +96,9 @@ def pieces_of(trace_id: str, records: list[RequestRecord], calls: Mapping[str, L
         if not hops or record.joined_by:
             continue
         outer_key = None
-        if hops[-1].role != "engine":
+        # A row served from a gateway's response cache has no engine to find: only a lower piece (its answer may
+        # carry the id of the request that filled the cache, whose engine must not be joined under it).
+        if hops[-1].role != "engine" and record.served_from == "engine":
             # The id the innermost hop received, else the nearest above it: gateways pass the upstream's response
             # id back unchanged, and some record none (LiteLLM's proxy span).
             for hop in reversed(hops):

@@ -9,8 +9,11 @@ from typing import Any
 from . import rollups
 from .store import ClickHouseStore
 
-GROUP_DIMENSIONS = ("model", "service", "prompt_bucket", "engine_config", "replica_group", "gateway")
-FILTER_DIMENSIONS = ("model", "service", "engine_config", "prompt_bucket", "replica_group", "gateway")
+GROUP_DIMENSIONS = ("model", "service", "prompt_bucket", "engine_config", "replica_group", "gateway", "served_from")
+FILTER_DIMENSIONS = ("model", "service", "engine_config", "prompt_bucket", "replica_group", "gateway", "served_from")
+# The SQL condition of an engine-served row (llm_requests.served_from; rows written before response caches existed
+# read 'engine' too): what the engine's own latency is measured over.
+ENGINE_SERVED = "served_from = 'engine'"
 TAIL_METRICS = ("e2e_ms", "ttft_ms", "tpot_ms")  # p50/p95/p99
 COMPONENT_METRICS = ("network_ms", "overhead_ms", "queue_ms", "prefill_ms", "decode_ms")  # p50/p95
 LEVELS = (0.5, 0.95, 0.99)
@@ -24,7 +27,7 @@ REQUEST_FIELDS = (
     "prompt_tokens",
     "completion_tokens", "prompt_bucket", "e2e_ms", "ttft_ms", "engine_ttft_ms", "tpot_ms", "network_ms",
     "network_client_gateway_ms", "network_gateway_engine_ms", "gateway_ms", "overhead_ms", "queue_ms", "prefill_ms",
-    "decode_ms", "hops", "status", "joined_by", "linked_trace_ids",
+    "decode_ms", "hops", "status", "joined_by", "linked_trace_ids", "cached_prompt_tokens", "served_from", "lookup_ms",
 )
 
 
@@ -87,6 +90,42 @@ def _uncovered_ranges(since: dt.datetime, until: dt.datetime, clean_hours: list[
     if cursor < until:
         ranges.append((cursor, until))
     return ranges
+
+
+def rollup_union(store: ClickHouseStore, project_id: int, since: dt.datetime, until: dt.datetime, step: int,
+                  rollup_cols: str, raw_cols: str, extra_dims: str = "", where: str = "",
+                  params: dict | None = None, table: str = "request_rollup_hourly") -> tuple[str, dict]:
+    """A subquery of per-bucket states (`b`: the bucket's start, epoch seconds): the hourly rollups (`table`) of the
+    clean hours in the range, and the raw rows of the rest (range edges, the current hour, hours touched since
+    their rollup was built). Rollups are read only when `step` is a whole number of hours (an hour then lies in one
+    bucket); otherwise every row is read. `rollup_cols` and `raw_cols` give the same states from either side,
+    after `n` (requests) and `errs`."""
+    params = dict(params or {})
+    first_hour = since.replace(minute=0, second=0, microsecond=0)
+    if first_hour < since:
+        first_hour += dt.timedelta(hours=1)
+    last_hour = until.replace(minute=0, second=0, microsecond=0)
+    hours = rollups.clean_hours(store, project_id, first_hour, last_hour) if step % 3600 == 0 else []
+    ranges = _uncovered_ranges(since, until, sorted(h for h, _ in hours))
+    params["clean"] = hours
+    raw = []
+    for i, (start, end) in enumerate(ranges):
+        params[f"r{i}_start"], params[f"r{i}_end"] = start.replace(tzinfo=None), end.replace(tzinfo=None)
+        raw.append(f"(start_time >= {{r{i}_start:DateTime64(6)}} AND start_time < {{r{i}_end:DateTime64(6)}})")
+    dims = f", {extra_dims}" if extra_dims else ""
+    sql = (
+        f"SELECT toUnixTimestamp(toStartOfInterval(hour, INTERVAL {{step:UInt32}} SECOND)) AS b{dims}, "
+        f"requests AS n, errors AS errs, {rollup_cols} FROM {store.table(table)} "
+        "WHERE project_id = {project_id:UInt32} AND (toUnixTimestamp(hour), version) IN "
+        f"{{clean:Array(Tuple(UInt32, UInt64))}}{where} "
+        "UNION ALL "
+        f"SELECT toUnixTimestamp(toStartOfInterval(start_time, INTERVAL {{step:UInt32}} SECOND)) AS b{dims}, "
+        f"count() AS n, countIf(status = 'error') AS errs, {raw_cols} FROM {store.table('llm_requests')} FINAL "
+        f"WHERE project_id = {{project_id:UInt32}} AND ({' OR '.join(raw) if raw else '0'}){where} "
+        f"GROUP BY b{dims}"
+    )
+    params["step"] = step
+    return sql, params
 
 
 def latency_summary(store: ClickHouseStore, project_id: int, *, since: dt.datetime, until: dt.datetime,

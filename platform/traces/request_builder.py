@@ -12,16 +12,14 @@ import time
 from collections import OrderedDict, defaultdict
 from pathlib import Path
 
-from ingest import metrics
-from ingest.rows import bulk_insert_settings, encode_rows
-from ingest.writer import name_os_thread
-
 from collectors.base import CALL_SPAN_NAMES, SPAN_KIND_CLIENT, LLMCall, Role
 
-from . import joins
+from . import joins, metrics
 from .backlog import DecompositionBacklog
 from .decomposition import RequestRecord, decompose_trace
+from .os_threads import name_os_thread
 from .rollups import record_touches
+from .row_encoding import bulk_insert_settings, encode_rows
 from .store import ClickHouseStore, StoreUnavailable, string_set
 from .trace_filter import TRACE_HASH_SQL, TraceFilter
 
@@ -32,13 +30,14 @@ REQUEST_COLUMNS = (
     "prompt_tokens", "completion_tokens", "prompt_bucket", "e2e_ms", "ttft_ms", "engine_ttft_ms", "tpot_ms",
     "network_ms", "network_client_gateway_ms", "network_gateway_engine_ms", "overhead_ms", "queue_ms",
     "prefill_ms", "decode_ms", "hops", "status", "version", "is_deleted", "retention_days", "replica_group",
-    "gateway_ms", "joined_by", "linked_trace_ids", "gateway",
+    "gateway_ms", "joined_by", "linked_trace_ids", "gateway", "cached_prompt_tokens", "served_from", "lookup_ms",
 )
 
 _CALL_FIELDS = (
     "trace_id, span_id, parent_span_id, role, convention, service, name, start_ns, end_ns, model, request_id, "
     "prompt_tokens, completion_tokens, streaming, is_error, ttft_ms, engine_e2e_ms, queue_ms, prefill_ms, "
-    "decode_ms, inference_ms, engine_config, retention_days, replica_group"
+    "decode_ms, inference_ms, engine_config, retention_days, replica_group, cached_prompt_tokens, served_from, "
+    "lookup_ms"
 )
 _CHUNK = 5000
 # collectors.base.CALL_SPAN_NAMES in SQL (span kind CLIENT, or LiteLLM's call spans by name).
@@ -54,13 +53,14 @@ _MAX_JOIN_TRACES = 2_000
 def _call_from_row(row) -> tuple[LLMCall, int]:
     (trace_id, span_id, parent, role, convention, service, name, start_ns, end_ns, model, request_id, prompt,
      completion, streaming, is_error, ttft, e2e, queue, prefill, decode, inference, engine_config, retention,
-     replica_group) = row
+     replica_group, cached, served_from, lookup_ms) = row
     call = LLMCall(
         trace_id=trace_id, span_id=span_id, parent_span_id=parent, role=Role(role), convention=convention,
         service=service, name=name, start_ns=start_ns, end_ns=end_ns, model=model, request_id=request_id,
         prompt_tokens=prompt, completion_tokens=completion, streaming=None if streaming is None else bool(streaming),
         is_error=bool(is_error), ttft_ms=ttft, engine_e2e_ms=e2e, queue_ms=queue, prefill_ms=prefill,
         decode_ms=decode, inference_ms=inference, engine_config=engine_config, replica_group=replica_group,
+        cached_prompt_tokens=cached, served_from=served_from, lookup_ms=lookup_ms,
     )
     return call, retention
 
@@ -82,6 +82,7 @@ def request_row(project_id: int, record: RequestRecord, version: int, retention_
         record.status, version, 0, retention_days, record.replica_group or "", record.gateway_ms,
         record.joined_by, record.linked_trace_ids,
         " > ".join([hop.service for hop in record.hops if hop.role == "gateway"]),
+        record.cached_prompt_tokens, record.served_from, record.lookup_ms,
     ]
 
 
@@ -98,7 +99,8 @@ def _hop_json(hop) -> dict:
 
 def tombstone_row(project_id: int, trace_id: str, request_key: str, start_us: int, version: int) -> list:
     return [project_id, trace_id, request_key, "", _us_text(start_us), "", "", "", None, None, "", None, None, None,
-            None, None, None, None, None, None, None, None, [], "", version, 1, 1, "", None, "", [], ""]
+            None, None, None, None, None, None, None, None, [], "", version, 1, 1, "", None, "", [], "", None, "engine",
+            None]
 
 
 class _Trace:
@@ -203,7 +205,7 @@ def _from_memory(store: ClickHouseStore, project_id: int, entries: dict[str, _Tr
     The span-count lookup is the costly part: `spans` is ordered by trace id, so it touches one
     granule per trace id and part, i.e. the whole project's `trace_id` column once the store holds
     more than ~5,000 granules' worth of spans (~0.8 s of CPU per 5,000 traces at 10 million spans;
-    `observatory.bench.ingest --preload-traces`). Complete entries (new traces, see TraceFilter)
+    `ingest.bench --preload-traces`). Complete entries (new traces, see TraceFilter)
     need none."""
     trusted = {t: e for t, e in entries.items() if e.complete}
     check = sorted(t for t, e in entries.items() if not e.complete)
@@ -315,16 +317,24 @@ def _rebuild_chunk(store: ClickHouseStore, project_id: int, trace_ids: list[str]
     remembered = _from_memory(store, project_id, entries) if entries else {}
     calls_by_trace, parents_by_trace, times_by_trace, retention = _read_traces(store, project_id, trace_ids, remembered)
     records_by_trace: dict[str, list[RequestRecord]] = {}
-    keys: list[tuple[str, int]] = []
     loose: list[str] = []  # traces with rows that could join others'
-    for trace_id in sorted(calls_by_trace):
-        calls = calls_by_trace[trace_id]
-        records = records_by_trace[trace_id] = decompose_trace(calls, parents_by_trace.get(trace_id, {}),
-                                                               times_by_trace.get(trace_id))
-        found = _loose_keys(records, calls)
-        if found:
-            keys.extend(found)
-            loose.append(trace_id)
+
+    def decompose(ids: list[str]) -> list[tuple[str, int]]:
+        """Decompose these traces (those with calls) into records_by_trace; the correlation keys of their rows'
+        loose ends, their traces noted in `loose`."""
+        keys = []
+        for trace_id in ids:
+            calls = calls_by_trace.get(trace_id)
+            if calls:
+                records = records_by_trace[trace_id] = decompose_trace(calls, parents_by_trace.get(trace_id, {}),
+                                                                       times_by_trace.get(trace_id))
+                found = _loose_keys(records, calls)
+                if found:
+                    keys.extend(found)
+                    loose.append(trace_id)
+        return keys
+
+    keys = decompose(sorted(calls_by_trace))
     # Joins across broken propagation (traces/joins.py): the other traces holding the loose ends' ids, and theirs
     # in turn, are decomposed with these, so that a join is the same whichever of its traces was rebuilt.
     extra: list[str] = []
@@ -344,16 +354,7 @@ def _rebuild_chunk(store: ClickHouseStore, project_id: int, trace_ids: list[str]
         parents_by_trace.update(more_parents)
         times_by_trace.update(more_times)
         retention.update(more_retention)
-        keys = []
-        for trace_id in partners:
-            calls = calls_by_trace.get(trace_id)
-            if calls:
-                records = records_by_trace[trace_id] = decompose_trace(calls, parents_by_trace.get(trace_id, {}),
-                                                                       times_by_trace.get(trace_id))
-                found = _loose_keys(records, calls)
-                if found:
-                    keys.extend(found)
-                    loose.append(trace_id)
+        keys = decompose(partners)
     if len(loose) > 1:  # the pieces of one call may also have come together, in this chunk
         traces = {t: (calls_by_trace[t], parents_by_trace.get(t, {}), times_by_trace.get(t)) for t in loose}
         joined_traces = joins.join_traces(traces, {t: records_by_trace[t] for t in loose})

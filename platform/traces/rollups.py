@@ -22,7 +22,68 @@ ROLLUP_METRICS = ("e2e_ms", "ttft_ms", "tpot_ms", "network_ms", "overhead_ms", "
 MEAN_METRICS = ("network_ms", "gateway_ms", "overhead_ms", "queue_ms", "prefill_ms", "decode_ms")
 MEAN_COLUMNS = tuple(f"mean_{m}" for m in MEAN_METRICS)
 QUANTILES = "quantilesTDigest(0.5, 0.95, 0.99)"
-DIMENSIONS = ("service", "model", "engine_config", "prompt_bucket", "replica_group")
+DIMENSIONS = ("service", "model", "engine_config", "prompt_bucket", "replica_group", "served_from")
+# The caches' sums (ch_migrations/0013): column -> its aggregate over request rows. A rollup of rollups sums them.
+# Token hit ratio = sum_cached_prompt_tokens / sum_reported_prompt_tokens (the rows that report cached tokens);
+# prefill time per computed prompt token = sum_prefill_ms / sum_uncached_prompt_tokens (engine rows knowing all three).
+_PREFILL_KNOWN = ("served_from = 'engine' AND prefill_ms IS NOT NULL AND prompt_tokens IS NOT NULL "
+                  "AND cached_prompt_tokens IS NOT NULL AND cached_prompt_tokens <= prompt_tokens")
+CACHE_SUMS = {
+    "sum_prompt_tokens": "sum(toUInt64(ifNull(prompt_tokens, 0)))",
+    "sum_reported_prompt_tokens": "sumIf(toUInt64(ifNull(prompt_tokens, 0)), cached_prompt_tokens IS NOT NULL)",
+    "sum_cached_prompt_tokens": "sum(toUInt64(ifNull(cached_prompt_tokens, 0)))",
+    "cache_reported_requests": "countIf(cached_prompt_tokens IS NOT NULL)",
+    "cache_hit_requests": "countIf(cached_prompt_tokens > 0)",
+    "sum_prefill_ms": f"sumIf(ifNull(prefill_ms, 0), {_PREFILL_KNOWN})",
+    "sum_uncached_prompt_tokens": f"sumIf(toUInt64(ifNull(prompt_tokens, 0) - ifNull(cached_prompt_tokens, 0)), "
+                                  f"{_PREFILL_KNOWN})",
+}
+_CACHE_COLUMNS = ", ".join(CACHE_SUMS)
+
+
+def ratio(part: float, whole: float) -> float | None:
+    """part / whole; None when the whole is zero (nothing to divide)."""
+    return part / whole if whole else None
+
+
+def cache_figures(sums: dict[str, float]) -> dict[str, float | None]:
+    """The prefix cache's ratios from CACHE_SUMS' sums: the token and request hit ratios (over the rows that report
+    cached tokens) and the prefill time per prompt token the engine computed; None where a sum divided by is 0."""
+    return {
+        "token_hit_ratio": ratio(sums["sum_cached_prompt_tokens"], sums["sum_reported_prompt_tokens"]),
+        "request_hit_ratio": ratio(sums["cache_hit_requests"], sums["cache_reported_requests"]),
+        "prefill_ms_per_uncached_token": ratio(sums["sum_prefill_ms"], sums["sum_uncached_prompt_tokens"]),
+    }
+
+
+def _states(combinator: str) -> str:
+    """Every rollup metric's quantile digest with this aggregate combinator (State, MergeState)."""
+    digest = QUANTILES.replace("quantilesTDigest", "quantilesTDigest" + combinator)
+    return ", ".join(f"{digest}({m})" for m in ROLLUP_METRICS)
+
+
+def _columns(key: str, dims: str) -> str:
+    """The column list of an INSERT into a rollup table: the project, its time ``key`` and ``dims``, the counts,
+    the digests and means, the version and the retention."""
+    return (f"(project_id, {key}, {dims}, requests, errors, {', '.join(ROLLUP_METRICS)}, {', '.join(MEAN_COLUMNS)}, "
+            f"{_CACHE_COLUMNS}, version, retention_days) ")
+
+
+def _summed() -> str:
+    """The cache sums of a rollup merged from rollup rows."""
+    return ", ".join(f"sum({column})" for column in CACHE_SUMS)
+
+
+def _record_build(store: ClickHouseStore, table: str, key: str, project_id: int, start: dt.datetime, version: int,
+                  source_version: int) -> None:
+    """Note in ``table`` that the rollup of the hour or day ``start`` (``key``) is built at ``version`` from the
+    rows of ``source_version``: the record that makes it clean."""
+    store.insert_encoded(
+        table,
+        ("project_id", key, "version", "source_version"),
+        f"[{project_id},{int(start.replace(tzinfo=dt.timezone.utc).timestamp())},{version},{source_version}]".encode(),
+        "JSONCompactEachRow",
+    )
 
 
 def record_touches(store: ClickHouseStore, project_id: int, hours: set[int], version: int) -> None:
@@ -50,14 +111,12 @@ def dirty_hours(store: ClickHouseStore, project_id: int, settled_before: dt.date
 
 def build_hour(store: ClickHouseStore, project_id: int, hour: dt.datetime, source_version: int) -> None:
     version = time.time_ns()
-    states = ", ".join(f"{QUANTILES.replace('quantilesTDigest', 'quantilesTDigestState')}({m})" for m in ROLLUP_METRICS)
     means = ", ".join(f"avgState({m})" for m in MEAN_METRICS)
     dims = ", ".join(DIMENSIONS)
     store.tenant_command(
-        f"INSERT INTO {store.table('request_rollup_hourly')} "
-        f"(project_id, hour, {dims}, requests, errors, {', '.join(ROLLUP_METRICS)}, {', '.join(MEAN_COLUMNS)}, "
-        "version, retention_days) "
-        f"SELECT project_id, toStartOfHour(start_time), {dims}, count(), countIf(status = 'error'), {states}, {means}, "
+        f"INSERT INTO {store.table('request_rollup_hourly')} {_columns('hour', dims)}"
+        f"SELECT project_id, toStartOfHour(start_time), {dims}, count(), countIf(status = 'error'), {_states('State')}, "
+        f"{means}, {', '.join(CACHE_SUMS.values())}, "
         "{version:UInt64}, max(retention_days) "
         f"FROM {store.table('llm_requests')} FINAL "
         "WHERE project_id = {project_id:UInt32} AND start_time >= {hour:DateTime64(6)} "
@@ -66,27 +125,20 @@ def build_hour(store: ClickHouseStore, project_id: int, hour: dt.datetime, sourc
         project_id=project_id,
         parameters={"hour": hour.replace(tzinfo=None), "version": version},
     )
-    # The hour per replica group over the other dimensions (the dashboard's charts), merged from the rows just
-    # written, before the build record that makes the hour clean.
-    merged = ", ".join(f"{QUANTILES.replace('quantilesTDigest', 'quantilesTDigestMergeState')}({m})" for m in ROLLUP_METRICS)
+    # The hour per replica group and what served it, over the other dimensions (the dashboard's charts), merged
+    # from the rows just written, before the build record that makes the hour clean.
     merged_means = ", ".join(f"avgMergeState({c})" for c in MEAN_COLUMNS)
     store.tenant_command(
-        f"INSERT INTO {store.table('request_rollup_hourly_totals')} "
-        f"(project_id, hour, replica_group, requests, errors, {', '.join(ROLLUP_METRICS)}, {', '.join(MEAN_COLUMNS)}, "
-        "version, retention_days) "
-        f"SELECT project_id, hour, replica_group, sum(requests), sum(errors), {merged}, {merged_means}, "
+        f"INSERT INTO {store.table('request_rollup_hourly_totals')} {_columns('hour', 'replica_group, served_from')}"
+        f"SELECT project_id, hour, replica_group, served_from, sum(requests), sum(errors), {_states('MergeState')}, "
+        f"{merged_means}, {_summed()}, "
         f"{{version:UInt64}}, max(retention_days) FROM {store.table('request_rollup_hourly')} "
         "WHERE project_id = {project_id:UInt32} AND hour = {hour:DateTime} AND version = {version:UInt64} "
-        "GROUP BY project_id, hour, replica_group",
+        "GROUP BY project_id, hour, replica_group, served_from",
         project_id=project_id,
         parameters={"hour": hour.replace(tzinfo=None), "version": version},
     )
-    store.insert_encoded(
-        "request_rollup_builds",
-        ("project_id", "hour", "version", "source_version"),
-        f"[{project_id},{int(hour.replace(tzinfo=dt.timezone.utc).timestamp())},{version},{source_version}]".encode(),
-        "JSONCompactEachRow",
-    )
+    _record_build(store, "request_rollup_builds", "hour", project_id, hour, version, source_version)
 
 
 def build_dirty_hours(store: ClickHouseStore, project_id: int, settle_seconds: float = 120) -> int:
@@ -126,13 +178,11 @@ def build_day(store: ClickHouseStore, project_id: int, day: dt.datetime, source_
     """Merge the day's current hourly states into one state per group."""
     version = time.time_ns()
     dims = ", ".join(DIMENSIONS)
-    merged = ", ".join(f"{QUANTILES.replace('quantilesTDigest', 'quantilesTDigestMergeState')}({m})" for m in ROLLUP_METRICS)
     means = ", ".join(f"avgMergeState({c})" for c in MEAN_COLUMNS)
     store.tenant_command(
-        f"INSERT INTO {store.table('request_rollup_daily')} "
-        f"(project_id, day, {dims}, requests, errors, {', '.join(ROLLUP_METRICS)}, {', '.join(MEAN_COLUMNS)}, "
-        "version, retention_days) "
-        f"SELECT project_id, toStartOfDay(hour), {dims}, sum(requests), sum(errors), {merged}, {means}, "
+        f"INSERT INTO {store.table('request_rollup_daily')} {_columns('day', dims)}"
+        f"SELECT project_id, toStartOfDay(hour), {dims}, sum(requests), sum(errors), {_states('MergeState')}, {means}, "
+        f"{_summed()}, "
         "{version:UInt64}, max(retention_days) "
         f"FROM {store.table('request_rollup_hourly')} "
         "WHERE project_id = {project_id:UInt32} AND hour >= {day:DateTime} AND hour < {day:DateTime} + INTERVAL 1 DAY "
@@ -143,12 +193,7 @@ def build_day(store: ClickHouseStore, project_id: int, day: dt.datetime, source_
         project_id=project_id,
         parameters={"day": day.replace(tzinfo=None), "version": version},
     )
-    store.insert_encoded(
-        "request_rollup_daily_builds",
-        ("project_id", "day", "version", "source_version"),
-        f"[{project_id},{int(day.replace(tzinfo=dt.timezone.utc).timestamp())},{version},{source_version}]".encode(),
-        "JSONCompactEachRow",
-    )
+    _record_build(store, "request_rollup_daily_builds", "day", project_id, day, version, source_version)
 
 
 def clean_days(store: ClickHouseStore, project_id: int, first: dt.datetime, end: dt.datetime) -> list[tuple[int, int]]:

@@ -13,6 +13,7 @@ import clickhouse_connect
 import numpy as np
 import orjson
 from clickhouse_connect.driver.exceptions import ClickHouseError
+from django.conf import settings
 
 log = logging.getLogger(__name__)
 
@@ -343,6 +344,18 @@ def _is_connection_error(exc: Exception) -> bool:
 
 _store: ClickHouseStore | None = None
 _store_lock = threading.Lock()
+# Whether this process runs the ingest pipeline (the process runner says so): with chdb, the only process that may
+# open the store.
+_pipeline_here = False
+
+
+def set_pipeline_here(here: bool) -> None:
+    global _pipeline_here
+    _pipeline_here = here
+
+
+def pipeline_here() -> bool:
+    return _pipeline_here
 
 
 def get_store() -> ClickHouseStore:
@@ -351,8 +364,6 @@ def get_store() -> ClickHouseStore:
     if _store is None:
         with _store_lock:
             if _store is None:
-                from django.conf import settings
-
                 _store = ClickHouseStore(
                     url=settings.CLICKHOUSE_URL,
                     chdb_path=settings.CLICKHOUSE_CHDB_PATH,

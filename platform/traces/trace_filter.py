@@ -5,7 +5,7 @@ whether its in-memory copy of a trace is complete, it used to ask ClickHouse, fo
 trace, how many spans of it are stored, and which request rows it already has. Both tables
 are ordered by trace id, so a batch of random ids reads one 8,192-row granule per id and
 part: the whole `trace_id` column once the store holds a few million spans, and ~0.8 s of
-CPU per 5,000 traces at 10 million (`observatory.bench.ingest --preload-traces`).
+CPU per 5,000 traces at 10 million (`ingest.bench --preload-traces`).
 
 Most traces looked up are new. `TraceFilter` remembers, as a pair of Bloom filters, every
 (project, trace) with a span written in the last `window` seconds: by this process (the
@@ -18,7 +18,7 @@ false negatives within the window.
 
 The price is the window: spans of a trace written more than `window` seconds after the
 trace's earlier spans, by a process that no longer remembers the trace, are decomposed as
-a new trace (its earlier rows stay). DESIGN.md asks for spans "minutes apart" to join;
+a new trace (its earlier rows stay). The decomposition joins spans that arrive "minutes apart" (docs/decomposition.md);
 the default window is an hour, and 0 turns the filter off (every trace is looked up).
 
 A new filter is started every `window` seconds, sized from what the last one took (16 bits

@@ -17,6 +17,7 @@ import math
 from typing import Any
 
 from engine.config import EngineConfig
+from engine.sim.profiles import HardwareProfile
 from engine.sim.virtual import percentile, simulate
 
 from .workload import Workload
@@ -75,14 +76,18 @@ def _rounded(value: Any) -> Any:
 
 
 def measure(config: EngineConfig, workload: Workload, slo: Slo, rate: float, *, count: int = 600,
-            seed: int = 0, stop_early: bool = False) -> Measure:
+            seed: int = 0, stop_early: bool = False, hardware: HardwareProfile | None = None) -> Measure:
     """One simulated run at ``rate``. ``stop_early``: end the run as soon as so many requests are certainly bad
-    that the target share cannot be reached (only pass/fail is wanted; the figures are then of a partial run)."""
+    that the target share cannot be reached (only pass/fail is wanted; the figures are then of a partial run).
+    ``hardware``: a calibrated profile of the group's GPU (tuning.calibration), used for configs on that GPU; None,
+    or a config on another GPU type: the published profile."""
+    if hardware is not None and hardware.name != config.gpu_type:
+        hardware = None
     model_len = config.resolved().max_model_len
     requests = workload.requests(rate, count, seed=seed, max_len=model_len)
     skip = int(len(requests) * WARMUP_SHARE)
     stop = _hopeless(requests[skip:], slo) if stop_early else None
-    result = simulate(config, requests, seed=seed, stop=stop)
+    result = simulate(config, requests, seed=seed, stop=stop, hardware=hardware)
     options = result.engine.options
     rejected = {id(r) for r, _ in result.rejected}
     good = scored = 0
@@ -175,7 +180,8 @@ class Goodput:
 
 
 def goodput(config: EngineConfig, workload: Workload, slo: Slo, *, seed: int = 0, count: int = 600,
-            precision: float = 0.02, start: float | None = None, stop_early: bool = True) -> Goodput:
+            precision: float = 0.02, start: float | None = None, stop_early: bool = True,
+            hardware: HardwareProfile | None = None) -> Goodput:
     """The highest rate (req/s) whose attainment ≥ ``slo.target`` (bracket by doubling, then bisect).
     ``stop_early=False`` runs every rate to its end (the same result, slower)."""
     evaluations = 0
@@ -183,7 +189,8 @@ def goodput(config: EngineConfig, workload: Workload, slo: Slo, *, seed: int = 0
     def run(rate: float, early: bool = True) -> Measure:
         nonlocal evaluations
         evaluations += 1
-        return measure(config, workload, slo, rate, count=count, seed=seed, stop_early=stop_early and early)
+        return measure(config, workload, slo, rate, count=count, seed=seed, stop_early=stop_early and early,
+                       hardware=hardware)
 
     rate = max(start or workload.rate or 1.0, 0.01)
     # Where a failing run's attainment is reported (best_attainment: the first rate, and the rates below it when it

@@ -8,24 +8,31 @@ count against the trial budget, so no trial is spent on it. Trials left RUNNING 
 that died (Optuna's heartbeat does not cover ask-and-tell) are failed and their points
 enqueued again by ``recover``.
 
-After the search the best candidates (and the current config) are scored again over several
-seeds (other arrival orders and length draws); the robust score is median − MAD, as vLLM's
-``tune_speculative_k`` ranks; among candidates within 2% of the best robust score the one
-closest to the current config (fewest changed knobs) wins.
+After the search (``settle``) the best candidates (and the current config) are scored again over
+the selection seeds (other arrival orders and length draws); the selection score is median − MAD,
+as vLLM's ``tune_speculative_k`` ranks; among candidates within 2% of the best selection score the
+one closest to the current config (fewest changed knobs) wins. A figure on the seeds a config was
+chosen on carries the luck of its choice, so the winner, the current config and the auto_tune.sh-style
+grid's best are then scored on fresh seeds, the same for all three: the figures a study reports
+(``FIGURES`` says what each is). A winner that does not beat the current config there by more than the goodput
+search's precision is not proposed (``no_gain``).
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
+import json
 import logging
 import math
 import statistics as stats_lib
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import optuna
 
 from engine.config import EngineConfig
+from engine.sim.profiles import HardwareProfile
 
 from .goodput import Goodput, Measure, Slo, goodput, measure
 from .space import Space, check, distance
@@ -51,6 +58,7 @@ class Problem:
     seed: int = 0
     count: int = 400  # simulated requests per rate
     precision: float = 0.03  # relative width the goodput search stops at
+    hardware: HardwareProfile | None = None  # the group's calibrated engine model (None: the published constants)
 
     def score(self, result: Goodput, config: EngineConfig) -> float:
         if self.objective == "goodput_per_gpu":
@@ -84,12 +92,14 @@ def evaluate(problem: Problem, point: dict[str, Any], start: float | None = None
     if config is None:
         return {"valid": False, "problems": problems}
     result = goodput(config, problem.workload, problem.slo, seed=problem.seed, count=problem.count,
+                     hardware=problem.hardware,
                      precision=problem.precision, start=start)
     out = {"valid": True, "config": config.to_dict(), "goodput": result.goodput,
            "score": problem.score(result, config), "best_attainment": result.best_attainment,
            "at": result.at.to_dict() if result.at else None, "evaluations": result.evaluations}
     if problem.objective == "pareto":
         peak = measure(config, problem.workload, problem.slo, problem.reference_rate(), count=problem.count,
+                       hardware=problem.hardware,
                        seed=problem.seed)
         out["ttft_p99_at_peak"] = peak.ttft_p99 if math.isfinite(peak.ttft_p99) else 1e9
     return out
@@ -209,22 +219,73 @@ def search(problem: Problem, study: optuna.Study, budget: int, *,
             progress(done, invalid, best)
 
 
+# Selection seeds are the search's seed + 1000·k; fresh seeds lie halfway between them, so no count of either
+# makes the two sets (or the search's seed) meet.
+SEED_STRIDE = 1000
+FRESH_OFFSET = 500
+
+FIGURES = {
+    "goodput": "median goodput over {fresh} fresh seeds: arrival orders and length draws that neither the search nor "
+               "the choice of the winner used",
+    "robust": "median − MAD (median absolute deviation) of the goodputs over the same fresh seeds: a lower figure "
+              "that most seeds reach",
+    "search": "the goodput on the search's seed, where the trial was scored: the best of many trials there, so it "
+              "leans upward",
+    "selection": "median − MAD over the {selection} selection seeds, on which the winner was chosen among the best "
+                 "candidates",
+}
+
+
+def selection_seeds(problem: Problem, count: int) -> list[int]:
+    """The seeds the best candidates are re-scored on to choose the winner."""
+    return [problem.seed + SEED_STRIDE * k for k in range(1, count + 1)]
+
+
+def fresh_seeds(problem: Problem, count: int) -> list[int]:
+    """Seeds neither the search nor the selection used: the figures a study reports are scored on them."""
+    return [problem.seed + SEED_STRIDE * k + FRESH_OFFSET for k in range(1, count + 1)]
+
+
+def figures(fresh: int, selection: int) -> dict[str, str]:
+    """What each reported figure is, in words (the API's ``figures``; the CLI and the page say the same)."""
+    return {k: v.format(fresh=fresh, selection=selection) for k, v in FIGURES.items()}
+
+
+def _median_mad(values: list[float]) -> tuple[float, float]:
+    median = stats_lib.median(values)
+    return median, stats_lib.median(abs(v - median) for v in values)
+
+
+def over_seeds(problem: Problem, seeds: list[int], entry: dict[str, Any]) -> dict[str, Any]:
+    """One config ({"config", "goodput"?}: the goodput warm-starts each search) scored on each seed, with the
+    statistics of its goodputs (req/s) and of its scores (the objective's unit): median, MAD, median − MAD."""
+    config = EngineConfig.from_dict(entry["config"])
+    goodputs, scores = [], []
+    for seed in seeds:
+        result = goodput(config, problem.workload, problem.slo, seed=seed, count=problem.count,
+                         hardware=problem.hardware,
+                         precision=problem.precision, start=entry.get("goodput") or None)
+        goodputs.append(result.goodput)
+        scores.append(problem.score(result, config))
+    median, mad = _median_mad(goodputs)
+    score, score_mad = _median_mad(scores)
+    return {"seeds": list(seeds), "seed_goodputs": [round(g, 4) for g in goodputs],
+            "seed_scores": [round(s, 4) for s in scores], "goodput": median, "mad": mad,
+            "robust_goodput": median - mad, "score": score, "robust_score": score - score_mad}
+
+
+def rescore_one(problem: Problem, seeds: list[int], candidate: dict[str, Any]) -> dict[str, Any]:
+    """A candidate ({"config", "score", "goodput"}) on the selection seeds: its selection score (median − MAD) and
+    its distance from the current config."""
+    scored = over_seeds(problem, seeds, candidate)
+    return {**candidate, "seed_scores": scored["seed_scores"], "median": scored["score"],
+            "mad": scored["score"] - scored["robust_score"], "robust_score": scored["robust_score"],
+            "distance": distance(EngineConfig.from_dict(candidate["config"]), problem.current)}
+
+
 def robust(problem: Problem, candidates: list[dict[str, Any]], seeds: int = 5) -> list[dict[str, Any]]:
-    """Re-score each candidate ({"config", "score"}) over ``seeds`` seeds: median, MAD and median − MAD."""
-    out = []
-    for candidate in candidates:
-        config = EngineConfig.from_dict(candidate["config"])
-        scores = []
-        for seed in range(1, seeds + 1):
-            result = goodput(config, problem.workload, problem.slo, seed=problem.seed + 1000 * seed,
-                             count=problem.count, precision=problem.precision, start=candidate.get("score") or None)
-            scores.append(problem.score(result, config))
-        median = stats_lib.median(scores)
-        mad = stats_lib.median(abs(s - median) for s in scores)
-        out.append({**candidate, "seed_scores": [round(s, 4) for s in scores], "median": median, "mad": mad,
-                    "robust_score": median - mad,
-                    "distance": distance(config, problem.current)})
-    return out
+    """Re-score each candidate ({"config", "score"}) over ``seeds`` selection seeds: median, MAD and median − MAD."""
+    return [rescore_one(problem, selection_seeds(problem, seeds), c) for c in candidates]
 
 
 def choose(rescored: list[dict[str, Any]]) -> dict[str, Any]:
@@ -234,12 +295,70 @@ def choose(rescored: list[dict[str, Any]]) -> dict[str, Any]:
     return min(near, key=lambda c: (c["distance"], -c["robust_score"]))
 
 
+def _key(config: dict[str, Any]) -> str:
+    return json.dumps(config, sort_keys=True, default=str)
+
+
+def settle(problem: Problem, candidates: list[dict[str, Any]], current: dict[str, Any], *, seeds: int,
+           grid: dict[str, Any] | None = None,
+           pool_map: Callable[..., Iterable[dict[str, Any]]] = map) -> dict[str, Any]:
+    """After the search: the best ``candidates`` ({"trial", "config", "score", "goodput", "params"}, their search
+    figures) and the ``current`` config ({"config", "score", "goodput"}) re-scored over ``seeds`` selection seeds;
+    the winner (``choose``; the current config when nothing beats its selection score); then the winner, the
+    current config and ``grid``'s best (``grid_baseline``) scored on ``seeds`` fresh seeds, the same for all three:
+    the reported figures, with ``no_gain`` (why not to propose it) when the winner does not beat the current config
+    there. ``pool_map`` spreads the re-scoring (a process pool's ``map``)."""
+    selection, fresh = selection_seeds(problem, seeds), fresh_seeds(problem, seeds)
+    entries = candidates + [{"trial": None, "config": current["config"], "score": current["score"],
+                             "goodput": current["goodput"], "params": {}, "is_current": True}]
+    rescored = list(pool_map(functools.partial(rescore_one, problem, selection), entries))
+    current_r = next(c for c in rescored if c.get("is_current"))
+    winner = choose([c for c in rescored if not c.get("is_current")] or [current_r])
+    if winner["robust_score"] <= current_r["robust_score"]:
+        winner = current_r
+    grid_best = (grid or {}).get("best")
+    to_score = {"best": winner, "current": current_r}
+    if grid_best:
+        to_score["grid"] = {"config": grid_best["config"], "goodput": grid_best["search_goodput"]}
+    unique = {_key(e["config"]): e for e in to_score.values()}
+    scored = dict(zip(unique, pool_map(functools.partial(over_seeds, problem, fresh), list(unique.values()))))
+    on_fresh = {name: scored[_key(e["config"])] for name, e in to_score.items()}
+    best = {"config": winner["config"], **_figures(on_fresh["best"]), "search_goodput": winner["goodput"],
+            "search_score": winner["score"], "selection_score": winner["robust_score"], "trial": winner.get("trial"),
+            "is_current": bool(winner.get("is_current"))}
+    now = on_fresh["current"]
+    out = {"candidates": [{k: v for k, v in c.items() if k != "config"} | {"config": c["config"]} for c in rescored],
+           "best": best, "current_fresh": _figures(now), "current_robust_score": current_r["robust_score"],
+           # Like with like: both on the same fresh seeds, with the same statistic; none when the current config
+           # meets the SLOs at no rate (the two goodputs say it).
+           "predicted_gain": best["score"] / now["score"] if now["score"] > 0 else None,
+           "seeds": {"search": [problem.seed], "selection": selection, "fresh": fresh},
+           "figures": figures(len(fresh), len(selection))}
+    unit = "req/s per GPU" if problem.objective == "goodput_per_gpu" else "req/s"
+    if not best["is_current"]:
+        reason = no_gain(best["score"], now["score"], problem.precision, unit)
+        if reason:
+            out["no_gain"] = reason  # the study says so, and does not propose the winner
+    if grid is not None:
+        if grid_best:
+            grid_best.update(_figures(on_fresh["grid"]))
+        out["grid_baseline"] = grid_against(grid, best["score"], max(c["score"] for c in candidates), unit,
+                                            problem.precision)
+    return out
+
+
+def _figures(scored: dict[str, Any]) -> dict[str, Any]:
+    return {k: scored[k] for k in ("goodput", "robust_goodput", "score", "robust_score", "mad", "seed_goodputs")}
+
+
 def explain(problem: Problem, current: EngineConfig, winner: EngineConfig, rate: float) -> dict[str, Any]:
     """Both configs at one rate (the current config's goodput): where the time goes and why it differs."""
     if rate <= 0:
         rate = problem.workload.rate or 1.0
-    a = measure(current, problem.workload, problem.slo, rate, count=problem.count, seed=problem.seed)
-    b = measure(winner, problem.workload, problem.slo, rate, count=problem.count, seed=problem.seed)
+    a = measure(current, problem.workload, problem.slo, rate, count=problem.count, seed=problem.seed,
+                hardware=problem.hardware)
+    b = measure(winner, problem.workload, problem.slo, rate, count=problem.count, seed=problem.seed,
+                hardware=problem.hardware)
     changes = []
     for label, key in (("queue", "mean_queue_ms"), ("prefill", "mean_prefill_ms"), ("decode", "mean_decode_ms")):
         before, after = getattr(a, key), getattr(b, key)
@@ -300,7 +419,8 @@ def idle_misses(problem: Problem, config: EngineConfig) -> tuple[float, list[str
     gives up) and each threshold its value at the target share still misses, e.g. "p95 TTFT 228.7 ms against 1
     ms": what no batching can buy back."""
     rate = max((problem.workload.rate or 1.0) / 256, 0.005)
-    m = measure(config, problem.workload, problem.slo, rate, count=min(problem.count, 200), seed=problem.seed)
+    m = measure(config, problem.workload, problem.slo, rate, count=min(problem.count, 200), seed=problem.seed,
+                hardware=problem.hardware)
     q = quantile_label(problem.slo.target)
     return rate, [f"{q} {_name(row['slo'])} {_ms(row['current_ms'])} against "
                   f"{row['threshold_ms']:g} ms" for row in slo_limits(problem.slo, m, m)
@@ -368,7 +488,8 @@ def pareto(study: optuna.Study, problem: Problem) -> list[dict[str, Any]]:
 
 def grid_baseline(problem: Problem, budget: int) -> dict[str, Any]:
     """The same budget spent as vLLM's auto_tune.sh spends it: a grid of max_num_seqs × max_num_batched_tokens
-    (speculative decoding and the other knobs left as they are); its best valid point."""
+    (speculative decoding and the other knobs left as they are); its best valid point on the search's seed
+    (``search_goodput``, ``search_score``: a one-seed maximum, which ``settle`` scores again on fresh seeds)."""
     seqs = [16, 32, 64, 128, 256, 512, 1024]
     tokens = [512, 1024, 2048, 4096, 8192, 16384]
     grid = [(s, t) for s in seqs for t in tokens if t >= s]
@@ -383,37 +504,58 @@ def grid_baseline(problem: Problem, budget: int) -> dict[str, Any]:
             continue
         evaluated += 1
         result = goodput(config, problem.workload, problem.slo, seed=problem.seed, count=problem.count,
-                         precision=problem.precision, start=best["goodput"] if best else None)
+                     hardware=problem.hardware,
+                         precision=problem.precision, start=best["search_goodput"] if best else None)
         score = problem.score(result, config)
-        if best is None or score > best["score"]:
-            best = {"max_num_seqs": s, "max_num_batched_tokens": t, "goodput": result.goodput, "score": score}
+        if best is None or score > best["search_score"]:
+            best = {"max_num_seqs": s, "max_num_batched_tokens": t, "config": config.to_dict(),
+                    "search_goodput": result.goodput, "search_score": score}
     if best is not None:
         point = {"max_num_seqs": best["max_num_seqs"], "max_num_batched_tokens": best["max_num_batched_tokens"]}
         best["outside_space"] = problem.space.outside(problem.current, point)
     return {"points": evaluated, "best": best}
 
 
+def beats(score: float, than: float, precision: float) -> bool:
+    """Whether ``score`` is better than ``than`` by more than the goodput search's relative ``precision`` (the width
+    it stops at): a smaller difference is one the search cannot tell from none."""
+    return score > than * (1.0 + precision)
+
+
+def no_gain(winner: float, current: float, precision: float, unit: str = "req/s") -> str | None:
+    """Why a winner (not the current config) is not to be proposed: its score on the fresh seeds does not beat the
+    current config's there (``beats``); None when it does. It was chosen on the selection seeds, so it can."""
+    if beats(winner, current, precision):
+        return None
+    figures = f"{winner:.2f} against {current:.2f} {unit}"
+    if winner < current:
+        return (f"on the fresh seeds the winner scores below the current config ({figures}): it was chosen on the "
+                "selection seeds, where it scored higher")
+    return (f"on the fresh seeds the winner does not beat the current config by more than the goodput search's "
+            f"precision ({precision:.0%}): {figures}")
+
+
 def grid_against(grid: dict[str, Any], winner_score: float, search_best: float | None = None,
                  unit: str = "req/s", precision: float = 0.0) -> dict[str, Any]:
-    """The auto_tune.sh-style grid's best, with a verdict against the study's winner (scores on the study's seed;
-    better only by more than the goodput search's ``precision``): where the grid does better, whether its point
-    lies outside the study's search space (widen it), inside but beyond what the trials found (more trials), or
-    as good as a trial the seed re-scoring ranked below the winner."""
+    """The auto_tune.sh-style grid's best, with a verdict against the study's winner: their ``score`` on the same
+    fresh seeds (better only by more than the goodput search's ``precision``). Where the grid does better: whether
+    its point lies outside the study's search space (widen it), inside but beyond what the trials found on the
+    search's seed (``search_best`` against the grid's ``search_score``: more trials), or as good there as a trial
+    the selection ranked below the winner."""
     best = grid.get("best")
     if not best:
         return grid
-    search_best = max(search_best or 0.0, winner_score)
-    better_than = best["score"] / (1.0 + precision)  # any score below this, the grid's best beats
-    than = f"better than this study's winner ({winner_score:.2f} {unit} on the same seed)"
-    if winner_score >= better_than:
-        grid["verdict"] = f"no better than this study's winner ({winner_score:.2f} {unit})"
+    search_best = search_best or 0.0
+    than = f"better than this study's winner ({winner_score:.2f} {unit} on the same fresh seeds)"
+    if not beats(best["score"], winner_score, precision):
+        grid["verdict"] = f"no better than this study's winner ({winner_score:.2f} {unit} on the same fresh seeds)"
     elif best.get("outside_space"):
         grid["verdict"] = (f"{than}, at a point outside the study's search space: {'; '.join(best['outside_space'])}"
                            ". Widen the space to search there")
-    elif search_best < better_than:
+    elif beats(best.get("search_score", best["score"]), search_best, precision):
         grid["verdict"] = f"{than}, at a point inside the study's search space that its trials did not find: more " \
                           "trials may"
     else:
-        grid["verdict"] = (f"{than}; the trials found as good ({search_best:.2f} {unit}), but re-scored over "
-                           "several seeds the winner held up better")
+        grid["verdict"] = (f"{than}; the trials found as good on the search's seed ({search_best:.2f} {unit}), but "
+                           "the winner was chosen over the selection seeds, where it scored higher")
     return grid

@@ -18,11 +18,14 @@ cannot hold one request) are constraints: ``check`` names them before any simula
 """
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Mapping
 from typing import Any
 
 from engine.config import DRAFT_MODEL_METHODS, SPECULATIVE_METHODS, ConfigError, EngineConfig
+from engine.sim.core import EngineCore
+from engine.sim.memory import SimulationConfigError
 
 CONFIG_KNOBS = ("max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill", "long_prefill_token_threshold",
                 "max_num_partial_prefills", "enable_prefix_caching", "block_size", "kv_cache_dtype",
@@ -82,8 +85,6 @@ class Space:
 
     def grid(self, knobs: tuple[str, ...] | None = None, float_steps: int = 3) -> list[dict[str, Any]]:
         """Every combination of the (given) knobs' values; ranges enumerated (log ranges in powers of two)."""
-        import itertools
-
         names = [k for k in self.knobs if knobs is None or k in knobs]
         values = [self._values(k, float_steps) for k in names]
         points = []
@@ -283,9 +284,6 @@ def check(space: Space, current: EngineConfig, point: Mapping[str, Any], hardwar
         config = space.config(current, point)
     except ConfigError as exc:
         return None, list(exc.problems)
-    from engine.sim.core import EngineCore
-    from engine.sim.memory import SimulationConfigError
-
     try:
         EngineCore(config, hardware=hardware, model=model)  # the memory plan: weights, activations, KV cache
     except (SimulationConfigError, ConfigError, ValueError) as exc:

@@ -8,8 +8,13 @@ requests without reading ClickHouse) and shown to the user:
   (1 = Poisson; below 1 burstier), estimated as 1/CV² of the observed gaps;
 - ``samples``: (prompt tokens, output tokens) pairs drawn from the rows, so lengths keep their
   joint distribution, with each pair's prompt bucket; ``buckets`` summarises them;
-- ``prefix_hit_rate``: the share of prompt tokens the prefix cache served (from the group's
-  replicas' ``vllm:prefix_cache_hits``/``queries`` counters when they answer; 0 otherwise).
+- ``prefix_hit_rate``: the share of prompt tokens the prefix cache served, and ``prefix_hit_basis``
+  where it comes from: measured on the window's requests that report cached prompt tokens (cached
+  ÷ prompt tokens over them), else the group's replicas' ``vllm:prefix_cache_hits``/``queries``
+  counters when they answer, else 0 assumed (a synthetic workload's is its own assumption).
+
+A traffic workload is built from engine-served requests only: a request the gateway answered from
+its response cache never reached the engine, so it is neither an arrival nor a length sample.
 
 ``requests(rate, count, seed)`` draws the simulated requests: gaps scaled to ``rate`` (the
 same seed gives the same requests at every rate, so a goodput search compares rates on
@@ -20,10 +25,17 @@ from __future__ import annotations
 
 import dataclasses
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from engine.sim.core import SimRequest
+from fleet import replica_metrics
+from traces.decomposition import prompt_bucket
+
+from engine.loadgen.workload import LogNormalLength
+from engine.loadgen.workload import Workload as ShareGPT
+from engine.sim.request import SimRequest
+
+from . import queries
 
 SAMPLE_LIMIT = 2000  # (prompt, output) pairs kept on a study
 SYNTHETIC = ("chat", "rag", "code")
@@ -45,13 +57,14 @@ class Workload:
     prefix_hit_rate: float = 0.0
     window: dict[str, Any] | None = None  # traffic: since, until, requests
     notes: list[str] = dataclasses.field(default_factory=list)
+    prefix_hit_basis: str = ""  # "measured on 1,204 requests", "assumed; no request reported cached tokens", ...
 
     # ------------------------------------------------------------------ serialisation
     def to_dict(self, *, with_samples: bool = True) -> dict[str, Any]:
         data = {
             "source": self.source, "rate": round(self.rate, 4), "peak_rate": round(self.peak_rate, 4),
             "burstiness": round(self.burstiness, 4), "prefix_hit_rate": round(self.prefix_hit_rate, 4),
-            "window": self.window, "notes": list(self.notes), "buckets": self.buckets(),
+            "prefix_hit_basis": self.prefix_hit_basis, "window": self.window, "notes": list(self.notes), "buckets": self.buckets(),
             "prompt_tokens": _quantiles([p for p, _ in self.samples]),
             "output_tokens": _quantiles([o for _, o in self.samples]),
             "sample_count": len(self.samples),
@@ -68,7 +81,7 @@ class Workload:
                    burstiness=float(data["burstiness"]), samples=samples,
                    sample_buckets=list(data.get("sample_buckets") or [""] * len(samples)),
                    prefix_hit_rate=float(data.get("prefix_hit_rate") or 0.0), window=data.get("window"),
-                   notes=list(data.get("notes") or []))
+                   notes=list(data.get("notes") or []), prefix_hit_basis=str(data.get("prefix_hit_basis") or ""))
 
     def buckets(self) -> list[dict[str, Any]]:
         groups: dict[str, list[tuple[int, int]]] = {}
@@ -117,8 +130,6 @@ def synthetic(kind: str, seed: int = 0) -> Workload:
     rng = random.Random(seed)
     pairs: list[tuple[int, int]] = []
     if kind == "chat":
-        from engine.loadgen.workload import Workload as ShareGPT
-
         lengths = ShareGPT(seed=seed)
         pairs = [lengths.lengths(i) for i in range(SAMPLE_LIMIT)]
         rate, burst, hit, note = 10.0, 1.0, 0.05, "ShareGPT-like chat: vLLM's ShareGPT length model"
@@ -136,8 +147,8 @@ def synthetic(kind: str, seed: int = 0) -> Workload:
     else:
         raise WorkloadError(f"unknown synthetic workload {kind!r}: use one of {', '.join(SYNTHETIC)}")
     return Workload(source=f"synthetic:{kind}", rate=rate, peak_rate=rate * 1.5, burstiness=burst,
-                    samples=pairs, sample_buckets=[_bucket(p) for p, _ in pairs], prefix_hit_rate=hit,
-                    notes=[note + " (synthetic)"])
+                    samples=pairs, sample_buckets=[prompt_bucket(p) for p, _ in pairs], prefix_hit_rate=hit,
+                    notes=[note + " (synthetic)"], prefix_hit_basis=f"assumed by the synthetic {kind} workload")
 
 
 def from_pairs(source: str, pairs: Sequence[tuple[int, int]], rate: float, *, seed: int = 0,
@@ -148,29 +159,30 @@ def from_pairs(source: str, pairs: Sequence[tuple[int, int]], rate: float, *, se
     rng = random.Random(seed)
     chosen = list(pairs) if len(pairs) <= SAMPLE_LIMIT else rng.sample(list(pairs), SAMPLE_LIMIT)
     return Workload(source=source, rate=rate, peak_rate=rate, burstiness=1.0, samples=chosen,
-                    sample_buckets=[_bucket(p) for p, _ in chosen], notes=list(notes))
+                    sample_buckets=[prompt_bucket(p) for p, _ in chosen], notes=list(notes),
+                    prefix_hit_basis="assumed; a dataset's items carry no cached-token measurements")
 
 
 def from_traffic(store, project_id: int, *, group: str | None, since, until, seed: int = 0,
-                 prefix_hit_rate: float | None = None) -> Workload:
-    """The project's completed requests in [since, until) (of ``group`` when it has any rows of its own)."""
-    table = store.table("llm_requests")
-    params = {"since": since.replace(tzinfo=None), "until": until.replace(tzinfo=None)}
-    where = ("project_id = {project_id:UInt32} AND start_time >= {since:DateTime64(6)} "
-             "AND start_time < {until:DateTime64(6)}")
+                 replica_hit_rate: Callable[[], float | None] | None = None) -> Workload:
+    """The project's completed engine-served requests in [since, until) (of ``group`` when it has any rows of its
+    own). ``replica_hit_rate`` (the group's replicas' own prefix-cache counters) is asked only when no request
+    reports cached prompt tokens."""
     notes: list[str] = []
+    # The group's rows when some of them are engine-served, else the whole project's.
+    own = False
     if group:
-        [[in_group]] = store.query(f"SELECT count() FROM {table} FINAL WHERE {where} AND replica_group = {{g:String}}",
-                                   project_id=project_id, parameters={**params, "g": group})
-        if in_group:
-            where += " AND replica_group = {g:String}"
-            params["g"] = group
-        else:
+        engine_served, cache_served = queries.served_counts(store, project_id, group=group, since=since, until=until)
+        own = engine_served > 0
+        if not own:
             notes.append(f"no rows carry replica group {group!r}: the project's whole traffic is used")
-    rows = store.query(
-        f"SELECT toFloat64(toUnixTimestamp64Micro(start_time)) / 1e6, prompt_tokens, completion_tokens, "
-        f"prompt_bucket, status FROM {table} FINAL WHERE {where} ORDER BY start_time LIMIT 1000000",
-        project_id=project_id, parameters=params)
+    if not own:
+        _, cache_served = queries.served_counts(store, project_id, group=None, since=since, until=until)
+    scope = group if own else None
+    rows = queries.request_rows(store, project_id, group=scope, since=since, until=until)
+    if cache_served:
+        notes.append(f"{cache_served:,} requests answered from the gateway's response cache left out: they never "
+                     "reached the engine")
     if not rows:
         raise WorkloadError(
             f"no requests in the window {since:%Y-%m-%d %H:%M}–{until:%Y-%m-%d %H:%M} UTC"
@@ -198,43 +210,45 @@ def from_traffic(store, project_id: int, *, group: str | None, since, until, see
     peak = max(per_minute.values()) / 60.0 if span >= 120 else rate
     rng = random.Random(seed)
     chosen = complete if len(complete) <= SAMPLE_LIMIT else rng.sample(complete, SAMPLE_LIMIT)
-    if prefix_hit_rate is None:
-        prefix_hit_rate = 0.0
-        notes.append("prefix-cache hit rate unknown (no replica of the group reported prefix-cache queries): 0 assumed")
+    hit_rate, basis, reporting = measured_hit_rate(rows, replica_hit_rate)
     return Workload(source="traffic", rate=rate, peak_rate=max(peak, rate), burstiness=burstiness,
                     samples=[(p, o) for p, o, _ in chosen], sample_buckets=[b for _, _, b in chosen],
-                    prefix_hit_rate=prefix_hit_rate,
+                    prefix_hit_rate=hit_rate, prefix_hit_basis=basis,
                     window={"since": since.isoformat(), "until": until.isoformat(), "requests": len(rows),
-                            "completed_with_tokens": len(complete)},
+                            "completed_with_tokens": len(complete), "cached_tokens_reported": reporting,
+                            "cache_served": cache_served},
                     notes=notes)
 
 
-PREFIX_HITS = "vllm:prefix_cache_hits_total"
-PREFIX_QUERIES = "vllm:prefix_cache_queries_total"
+def measured_hit_rate(rows: Sequence[tuple], replica_hit_rate: Callable[[], float | None] | None = None
+                      ) -> tuple[float, str, int]:
+    """(prefix-cache hit rate, where it comes from, how many requests reported cached tokens) of request rows
+    (queries.request_rows): cached ÷ prompt tokens over the rows that report cached tokens (a count above the
+    prompt counts as the whole prompt); without any, the replicas' counters when given and answering; else 0."""
+    prompt = cached = reporting = 0
+    for row in rows:
+        tokens, hits = row[1], row[5]
+        if hits is None or not tokens:
+            continue
+        reporting += 1
+        prompt += tokens
+        cached += min(hits, tokens)
+    if reporting:
+        return cached / prompt, f"measured on {reporting:,} requests", reporting
+    measured = replica_hit_rate() if replica_hit_rate is not None else None
+    if measured is not None:
+        return measured, ("from the replicas' vllm:prefix_cache_hits / prefix_cache_queries counters; no request "
+                          "reported cached tokens"), 0
+    return 0.0, "assumed; no request reported cached tokens", 0
 
 
 def prefix_hit_rate_of(urls: Sequence[str], timeout: float = 2.0) -> float | None:
-    """Prefix-cache hits / queries (tokens) summed over vLLM replicas' /metrics; None when no replica answers or
-    none has counted a query (the simulator's replicas export no prefix-cache counters)."""
-    from alerts.diagnosis import replica_counters
-
-    totals = replica_counters(list(urls), (PREFIX_HITS, PREFIX_QUERIES), timeout)
-    if totals is None or totals[PREFIX_QUERIES] <= 0:
-        return None
-    return totals[PREFIX_HITS] / totals[PREFIX_QUERIES]
+    """The prefix-cache hit rate the group's vLLM replicas measured (fleet.replica_metrics)."""
+    return replica_metrics.prefix_hit_rate(list(urls), timeout)
 
 
 def _lognormal(rng: random.Random, median: float, sigma: float, low: int, high: int) -> int:
-    from engine.loadgen.workload import LogNormalLength
-
     return LogNormalLength(median, sigma, low, high).sample(rng)
-
-
-def _bucket(prompt_tokens: int) -> str:
-    # The decomposition's prompt buckets (powers of two up from 128).
-    from traces.decomposition import prompt_bucket
-
-    return prompt_bucket(prompt_tokens)
 
 
 def _quantiles(values: Sequence[int]) -> dict[str, float]:

@@ -22,6 +22,7 @@ REQUEST_COLUMNS = (
     "prompt_tokens", "completion_tokens", "prompt_bucket", "e2e_ms", "ttft_ms", "engine_ttft_ms", "tpot_ms",
     "network_ms", "network_client_gateway_ms", "network_gateway_engine_ms", "overhead_ms", "queue_ms",
     "prefill_ms", "decode_ms", "hops", "status", "version", "is_deleted", "retention_days", "replica_group",
+    "cached_prompt_tokens", "served_from", "lookup_ms",
 )
 
 
@@ -62,19 +63,25 @@ def installed_store():
 def request_row(project_id: int, start: dt.datetime, *, service="chat", model="llama-8b", engine_config="cfg-a",
                 prompt_tokens=300, completion_tokens=50, prompt_bucket="<1k", network=5.0, overhead=3.0,
                 queue=10.0, prefill=40.0, decode=500.0, status="ok", ttft=None, client_gateway=None,
-                gateway_engine=None, replica_group="") -> dict:
-    """One decomposed request; e2e and TTFT follow from the components (TTFT = all but decode)."""
-    e2e = network + overhead + queue + prefill + decode
-    ttft = network + overhead + queue + prefill if ttft is None else ttft
+                gateway_engine=None, replica_group="", cached_prompt_tokens=None, served_from="engine",
+                lookup_ms=None) -> dict:
+    """One decomposed request; e2e and TTFT follow from the components (TTFT = all but decode). A response-cache
+    hit (served_from exact_cache | semantic_cache) is decomposed as docs/decomposition.md says: queue, prefill and
+    decode 0, the lookup beside the gateway's overhead (give those components yourself)."""
+    lookup = lookup_ms or 0.0
+    e2e = network + lookup + overhead + queue + prefill + decode
+    ttft = network + lookup + overhead + queue + prefill if ttft is None else ttft
     return {
         "project_id": project_id, "trace_id": uuid.uuid4().hex, "request_key": uuid.uuid4().hex[:16],
         "request_id": "", "start_time": start.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f"),
         "service": service, "model": model, "engine_config": engine_config, "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens, "prompt_bucket": prompt_bucket, "e2e_ms": e2e, "ttft_ms": ttft,
-        "engine_ttft_ms": ttft - network, "tpot_ms": decode / max(completion_tokens - 1, 1), "network_ms": network,
+        "engine_ttft_ms": ttft - network if served_from == "engine" else None,
+        "tpot_ms": decode / max(completion_tokens - 1, 1), "network_ms": network,
         "network_client_gateway_ms": client_gateway, "network_gateway_engine_ms": gateway_engine,
         "overhead_ms": overhead, "queue_ms": queue, "prefill_ms": prefill, "decode_ms": decode, "hops": "[]",
         "status": status, "version": 1, "is_deleted": 0, "retention_days": 30, "replica_group": replica_group,
+        "cached_prompt_tokens": cached_prompt_tokens, "served_from": served_from, "lookup_ms": lookup_ms,
     }
 
 

@@ -154,7 +154,7 @@ def test_methods_and_malformed_bodies(world):
     response = client.put("/api/v1/silences", **auth)
     assert response["Allow"] == "GET, POST, HEAD" and "use GET, POST" in response.json()["error"]
     assert client.post("/api/v1/silences", data=b"{}", content_type="application/json").status_code == 401
-    # the JSON body reader every endpoint shares (observatory.api.StrictJsonParser)
+    # the JSON body reader every endpoint shares (apikit.api.StrictJsonParser)
     for data, status, message in [
         (b"", 400, "it is empty"),
         (b" \n", 400, "it is empty"),

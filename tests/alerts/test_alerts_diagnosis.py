@@ -11,6 +11,7 @@ import pytest
 from alerts import diagnosis, regression
 from alerts.models import Alert
 from alerts_support import insert_requests, spread
+from fleet import replica_metrics
 from tenancy.models import Project
 
 NOW = (dt.datetime.now(dt.timezone.utc) - dt.timedelta(hours=3)).replace(second=0, microsecond=0)
@@ -86,6 +87,58 @@ def test_prefill_of_long_prompts_suggests_chunked_prefill(store):
         d["suggestion_detail"]["knobs"])
 
 
+def _prefix_cache_rows(service: str, cached_share: float | None, collapsed_share: float | None) -> list[dict]:
+    """2,000-token prompts; `cached_share` of them from the prefix cache and prefill 60 ms until 7 minutes before
+    NOW, then `collapsed_share` and prefill 400 ms (None: no request reports cached tokens)."""
+    collapse = NOW - 7 * MIN
+
+    def cached(share):
+        return None if share is None else int(2000 * share)
+
+    common = dict(service=service, prompt_tokens=2000, prompt_bucket="<4k")
+    rows = spread(1, BASELINE[0], collapse, 330, prefill=60.0, cached_prompt_tokens=cached(cached_share), **common)
+    rows += spread(1, collapse, NOW, 70, seed=2, prefill=400.0, cached_prompt_tokens=cached(collapsed_share), **common)
+    # The gateway's response cache answers as many requests, fast and without any engine: never in the diagnosis.
+    rows += spread(1, *BURNING, 100, seed=3, service=service, prompt_tokens=2000, prompt_bucket="<4k",
+                   served_from="exact_cache", lookup_ms=1.5, queue=0.0, prefill=0.0, decode=0.0, overhead=0.5)
+    return rows
+
+
+def test_a_prefill_burn_from_a_collapsed_prefix_cache_says_the_hit_ratio_fell_and_when(store):
+    insert_requests(store, _prefix_cache_rows("pc", 0.78, 0.09))
+    d = run(store, "pc")
+    assert d["dominant_component"] == "prefill"
+    assert d["burning"]["requests"] == 100, "response-cache hits are not the engine's requests"
+    cache = d["prefix_cache"]
+    assert cache["baseline"]["hit_ratio"] == pytest.approx(0.78, abs=0.001)
+    burning_ratio = (30 * 1560 + 70 * 180) / (100 * 2000)  # 3 minutes before the collapse, 7 after
+    assert cache["burning"]["hit_ratio"] == pytest.approx(burning_ratio, abs=0.001)
+    assert cache["burning"]["requests"] == 100 and cache["direction"] == "fell"
+    at = NOW - 7 * MIN
+    assert cache["changed_at"] == at.strftime("%Y-%m-%dT%H:%M:%SZ")
+    delta_p95 = d["components"]["prefill"]["delta_p95_ms"]
+    assert 300 < delta_p95 < 400
+    assert (f"prefill p95 +{delta_p95:.0f} ms; prefix-cache hit ratio fell from 78 % to "
+            f"{burning_ratio * 100:.0f} % at {at:%H:%M} UTC") in d["summary"]
+    assert "enable_prefix_caching" in d["suggestion_detail"]["knobs"]
+    assert "prefix cache stopped serving prompt tokens" in d["suggestion"]
+    # An SLO that counts response-cache hits gets them in its diagnosis too.
+    with_hits = diagnosis.diagnose(1, {"service": ["pc"]}, BURNING, BASELINE, sli="ttft_ms", threshold_ms=200.0,
+                                   store=store, engine={}, include_cached=True)
+    assert with_hits["burning"]["requests"] == 200 and with_hits["prefix_cache"]["direction"] == "fell"
+
+
+def test_without_cached_token_reports_or_a_material_move_the_diagnosis_says_nothing_of_caches(store):
+    insert_requests(store, _prefix_cache_rows("pc-none", None, None) + _prefix_cache_rows("pc-flat", 0.50, 0.44))
+    silent = run(store, "pc-none")
+    assert silent["dominant_component"] == "prefill" and silent["prefix_cache"] is None
+    assert "prefix-cache" not in silent["summary"] and "prefix cache" not in silent["suggestion"]
+    assert "chunked prefill" in silent["suggestion"]  # long prompts: the usual advice
+    flat = run(store, "pc-flat")
+    assert flat["prefix_cache"]["direction"] is None and "less than the 10" in flat["prefix_cache"]["reason"]
+    assert "prefix-cache" not in flat["summary"]
+
+
 def test_decode_with_low_speculative_acceptance_suggests_turning_it_off(store):
     seed(store, "d", {"decode": 500.0}, [{"decode": 2000.0, "engine_config": "cfg-spec"}])
     engine = {"configs": {"cfg-spec": {"speculative_config": {"method": "ngram"}, "groups": ["canary"]}},
@@ -135,8 +188,8 @@ def test_speculative_acceptance_is_read_from_vllm_metrics():
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         url = f"http://127.0.0.1:{server.server_address[1]}"
-        assert diagnosis.speculative_acceptance([url, url]) == pytest.approx(0.15)
-        assert diagnosis.speculative_acceptance(["http://127.0.0.1:9"]) is None
+        assert replica_metrics.speculative_acceptance([url, url]) == pytest.approx(0.15)
+        assert replica_metrics.speculative_acceptance(["http://127.0.0.1:9"]) is None
     finally:
         server.shutdown()
         server.server_close()
@@ -159,6 +212,10 @@ def test_regression_fires_with_diagnosis_and_keeps_its_baseline(store, project):
     rows += spread(pid, NOW - 35 * MIN, NOW + 2 * MIN, 370, seed=4, service=service, model="stable")
     rows += spread(pid, NOW - 35 * MIN, NOW - 5 * MIN, 300, seed=5, service=service, model="quiet")
     rows += spread(pid, NOW - 5 * MIN, NOW, 8, seed=6, service=service, model="quiet", decode=3000.0)
+    # The gateway's response cache answers most of llama-8b's current requests in milliseconds: the engine's latency
+    # regressed all the same, and the detector reads engine-served requests only.
+    rows += spread(pid, NOW - 5 * MIN, NOW + 2 * MIN, 200, seed=9, **{**base, "prefill": 0.0}, served_from="exact_cache",
+                   lookup_ms=1.0, queue=0.0, decode=0.0)
     insert_requests(store, rows)
 
     regression.detect_regressions(NOW, store=store, project_ids=[pid])

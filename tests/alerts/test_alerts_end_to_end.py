@@ -11,21 +11,17 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
-import socket
-import subprocess
-import sys
 import threading
 import time
 
 import pytest
-import yaml
 from alerts_support import Receiver
+from fleet_support import FleetPorts, exporting_to, group, run_engine, write_fleet
 
 from engine.config import EngineConfig
 from engine.loadgen import LengthRange, LoadSpec, run_load_sync
 from engine.telemetry import build_tracer_provider
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SMALL = {"model": "meta-llama/Llama-3.1-8B-Instruct", "gpu_type": "H100", "max_num_seqs": 2}
 SLO_YAML = """
 project: alpha
@@ -37,18 +33,6 @@ slos:
     tiers:
       - {name: page-fast, severity: page, long_window: 2m, short_window: 1m, factor: 14.4}
 """
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _engine(fleet_file: str, *args: str, timeout: float = 180) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("ENGINE_", "OTEL_"))}
-    return subprocess.run([sys.executable, "-m", "engine", *args, "--fleet", fleet_file], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=timeout)
 
 
 class Load(threading.Thread):
@@ -80,29 +64,21 @@ class Load(threading.Thread):
 def test_queueing_burns_a_ttft_slo_and_the_page_names_queue_time(tmp_path, fresh_platform_factory):
     receiver = Receiver()
     run_dir = tmp_path / "fleet"
-    fleet_file = str(tmp_path / "fleet.yaml")
+    fleet_file = tmp_path / "fleet.yaml"
     platform = fresh_platform_factory(extra_env={
         "SLO_EVALUATE_INTERVAL_SECONDS": "2", "ALERTS_PAGE_FOR_SECONDS": "0",
         "NOTIFY_ALLOW_PRIVATE_DESTINATIONS": "127.0.0.1:1024-65535",
         # The diagnosis reads the knobs of each config version from this fleet's controller.
-        "ENGINE_FLEET": fleet_file, "ENGINE_RUN_DIR": str(run_dir),
+        "ENGINE_FLEET": str(fleet_file), "ENGINE_RUN_DIR": str(run_dir),
     }, grpc=False)
     fleet_up = False
     provider = None
     try:
-        gateway = f"127.0.0.1:{_free_port()}"
+        ports = FleetPorts.free()
         ingest = {"authorization": f"Bearer {platform.keys['alpha']}"}
-        spec = {
-            "name": "alerts-e2e", "run_dir": str(run_dir), "gateway": {"bind": gateway},
-            "control": {"bind": f"127.0.0.1:{_free_port()}"},
-            "replicas": {"host": "127.0.0.1", "base_port": _free_port()},
-            "telemetry": {"otlp_endpoint": f"{platform.url}/v1/traces", "otlp_protocol": "http/protobuf",
-                          "otlp_headers": ingest},
-            "groups": [{"name": "small", "weight": 100, "replicas": 1, "backend": "simulator", "config": SMALL}],
-        }
-        with open(fleet_file, "w") as handle:
-            yaml.safe_dump(spec, handle)
-        started = _engine(fleet_file, "up", "--detach")
+        write_fleet(fleet_file, name="alerts-e2e", run_dir=run_dir, ports=ports,
+                    groups=[group("small", SMALL)], telemetry=exporting_to(platform.process, platform.keys["alpha"]))
+        started = run_engine(fleet_file, "up", "--detach")
         assert started.returncode == 0, started.stdout + started.stderr
         fleet_up = True
 
@@ -117,7 +93,7 @@ def test_queueing_burns_a_ttft_slo_and_the_page_names_queue_time(tmp_path, fresh
 
         provider = build_tracer_provider("llm-loadgen", endpoint=f"{platform.url}/v1/traces",
                                          protocol="http/protobuf", headers=ingest)
-        base_url = f"http://{gateway}/v1"
+        base_url = f"http://127.0.0.1:{ports.gateway}/v1"
         # A healthy start (the diagnosis baseline), then more concurrent requests than max_num_seqs = 2.
         healthy = run_load_sync(LoadSpec(base_url=base_url, arrival="constant", rate=2.0, duration=10.0,
                                          input_len=LengthRange(200, 200), output_len=LengthRange(32, 32), seed=4,
@@ -166,7 +142,7 @@ def test_queueing_burns_a_ttft_slo_and_the_page_names_queue_time(tmp_path, fresh
         if provider is not None:
             provider.shutdown()
         if fleet_up:
-            _engine(fleet_file, "down")
+            run_engine(fleet_file, "down")
         receiver.close()
 
 

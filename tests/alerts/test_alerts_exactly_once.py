@@ -29,7 +29,7 @@ from alerts_support import (
     spread,
     sql,
 )
-from observatory.bench.harness import PlatformProcess
+from benchkit.harness import PlatformProcess
 
 pytestmark = pytest.mark.server_mode
 

@@ -232,3 +232,20 @@ def test_evaluation_time_drives_pending_period(store, slo, channel, settings):
     assert len(events("firing")) == 1
     assert timezone.is_aware(page_alert(slo).fired_at)
     assert AlertState.FIRING == page_alert(slo).state
+
+
+def test_the_diagnosis_reads_what_the_slo_counts(slo):
+    """An SLO alert's context says whether the SLO counts response-cache hits, and its diagnosis reads the same."""
+    asked = []
+
+    def diagnose(*args, **kwargs):
+        asked.append(kwargs["include_cached"])
+        return {}
+
+    for include_cached in (False, True):
+        type(slo).objects.filter(pk=slo.pk).update(include_cached=include_cached)
+        evaluation = evaluate(slo, T0, PAGE)  # re-reads the row
+        spec = lifecycle.slo_alert_spec(slo, evaluation, "page", evaluation.firing)
+        assert spec.context["include_cached"] is include_cached
+        lifecycle.run_diagnosis(slo.project_id, spec.context, T0, T0 + MIN, diagnose)
+    assert asked == [False, True]

@@ -6,8 +6,8 @@ import datetime as dt
 
 import pytest
 from alerts import lifecycle
+from alerts.matchers import MatcherError, matches_all, parse_matcher, parse_matchers
 from alerts.models import Alert, Silence
-from alerts.silences import MatcherError, matches_all, parse_matcher, parse_matchers
 from notify.models import Channel, Delivery
 from slo import burn, services
 from tenancy.models import Project

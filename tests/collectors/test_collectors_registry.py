@@ -70,6 +70,8 @@ KNOWN_KEYS = sorted({
     "gen_ai.request.stream", "gen_ai.server.time_to_first_token", "llm.response.model_name",
     "llm.request.model_name", "error.type", "litellm.request.purpose", "gen_ai.output.type",
     "llm_observatory.engine_config", "llm_observatory.replica_group",
+    "gen_ai.usage.cache_read.input_tokens", "gen_ai.usage.cache_read_input_tokens", "gen_ai.usage.cached_tokens",
+    "llm.token_count.prompt_details.cache_read", "observatory.cache.served_from", "observatory.cache.lookup_ms",
 })
 NAMES = sorted({sample.span.name for sample in SAMPLES})
 SCALARS = st.one_of(
@@ -117,6 +119,10 @@ def test_arbitrary_spans_never_raise_and_are_claimed_at_most_once(span):
         for field in ("ttft_ms", "engine_e2e_ms", "queue_ms", "prefill_ms", "decode_ms", "inference_ms"):
             value = getattr(result, field)
             assert value is None or value >= 0
-        for field in ("prompt_tokens", "completion_tokens"):
+        for field in ("prompt_tokens", "completion_tokens", "cached_prompt_tokens"):
             value = getattr(result, field)
             assert value is None or (isinstance(value, int) and value >= 0)
+        if result.cached_prompt_tokens is not None and result.prompt_tokens is not None:
+            assert result.cached_prompt_tokens <= result.prompt_tokens
+        assert result.served_from in (None, "engine", "exact_cache", "semantic_cache")
+        assert result.lookup_ms is None or result.lookup_ms >= 0

@@ -7,31 +7,22 @@ from __future__ import annotations
 import http.server
 import json
 import os
-import re
 import threading
 import time
 import urllib.parse
 import uuid
-from pathlib import Path
 
 import pytest
-from observatory.bench.harness import PlatformProcess, free_port, free_port_pair
-from observatory.bench.payloads import add_attribute
+from benchkit.payloads import add_attribute
+from browser_support import BrowserSession, dashboard_password
+from fleet_support import open_fleet_platform
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-from otlp_live_helpers import _drop_database, _server_mode_database, post_traces
+from otlp_live_helpers import post_traces
 
 # Pages in a browser: run in one CI suite (tests/conftest.py).
 pytestmark = pytest.mark.one_suite(suite="embedded")
 
-playwright_api = pytest.importorskip("playwright.sync_api")
-
 MS = 1_000_000
-
-
-def _password(output: str) -> str:
-    match = re.search(r"password '([^']+)'", output)
-    assert match, output
-    return match.group(1)
 
 
 class Receiver:
@@ -63,38 +54,25 @@ def receiver():
 
 
 @pytest.fixture(scope="module")
-def dash(tmp_path_factory, chromium_executable, receiver):
-    gateway, control, replicas = free_port(), free_port(), free_port_pair()
-    # Server mode: a PostgreSQL database of its own (the users created here must be new), dropped afterwards.
-    database = _server_mode_database()
-    process = PlatformProcess(
-        data_dir=str(tmp_path_factory.mktemp("dash") / "data"), args=("--with-engine", "--load", "4"),
-        extra_env={**({"DATABASE_URL": database[1]} if database else {}),
-                   "ENGINE_GATEWAY_BIND": f"127.0.0.1:{gateway}", "ENGINE_CONTROL_BIND": f"127.0.0.1:{control}",
-                   "ENGINE_REPLICA_BASE_PORT": str(replicas),
-                   # SLOs evaluated every 2 s and a page firing 1 s after it became pending: an alert within seconds.
-                   "SLO_EVALUATE_INTERVAL_SECONDS": "2", "ALERTS_PAGE_FOR_SECONDS": "1",
-                   "NOTIFY_ALLOW_PRIVATE_DESTINATIONS": f"127.0.0.1:{receiver.port}"},
-    )
-    try:
-        logins = {"ops": ("default", "operator"), "viewer": ("default", "viewer"), "admin": ("default", "admin"),
-                  "outsider": ("other", "viewer")}
-        _, default, other, token, *outputs = process.manage_many(
-            ("migrate", "-v0"), ("create_ingest_key", "--project", "default"),
-            ("create_ingest_key", "--project", "other"),
-            ("create_api_token", "--user", "api", "--role", "admin", "--project", "default"),
-            *(("dashboard_login", "--user", user, "--project", project, "--role", role)
-              for user, (project, role) in logins.items()),
-            ("dashboard_login", "--user", "ops", "--project", "other", "--role", "viewer"))
-        keys = {"default": default, "other": other}
-        passwords = {user: _password(output) for user, output in zip(logins, outputs)}
-        process.start(timeout=120)
-        _wait_for_both_groups(process, token)
-        yield {"process": process, "keys": keys, "token": token, "passwords": passwords, "url": process.url}
-    finally:
-        process.stop()
-        if database:
-            _drop_database(*database)
+def dash(tmp_path_factory, playwright_api, receiver):  # playwright_api: no platform started without a browser
+    logins = {"ops": ("default", "operator"), "viewer": ("default", "viewer"), "admin": ("default", "admin"),
+              "outsider": ("other", "viewer")}
+    # The platform's own fleet (two groups) with a load of 4 req/s, as `make up` runs it; in server mode a
+    # PostgreSQL database of its own (the users created here must be new).
+    with open_fleet_platform(
+            tmp_path_factory.mktemp("dash"), groups=None, args=("--load", "4"), tokens=(("api", "admin"),),
+            setup=(*(("dashboard_login", "--user", user, "--project", project, "--role", role)
+                     for user, (project, role) in logins.items()),
+                   ("dashboard_login", "--user", "ops", "--project", "other", "--role", "viewer")),
+            start_timeout=120,
+            # SLOs evaluated every 2 s and a page firing 1 s after it became pending: an alert within seconds.
+            env={"SLO_EVALUATE_INTERVAL_SECONDS": "2", "ALERTS_PAGE_FOR_SECONDS": "1",
+                 "NOTIFY_ALLOW_PRIVATE_DESTINATIONS": f"127.0.0.1:{receiver.port}"}) as platform:
+        process = platform.process
+        passwords = {user: dashboard_password(output) for user, output in zip(logins, platform.outputs)}
+        _wait_for_both_groups(process, platform.token)
+        yield {"process": process, "keys": platform.keys, "token": platform.token, "passwords": passwords,
+               "url": process.url}
 
 
 def _wait_for_both_groups(process, token: str) -> None:
@@ -112,53 +90,9 @@ def _wait_for_both_groups(process, token: str) -> None:
     raise AssertionError(f"no traffic in both groups: {groups}\n{process.log_tail()}")
 
 
-@pytest.fixture(scope="module")
-def browser(chromium_executable):
-    with playwright_api.sync_playwright() as p:
-        instance = p.chromium.launch(executable_path=chromium_executable, args=["--no-sandbox"])
-        yield instance
-        instance.close()
-
-
-@pytest.fixture(scope="module")
-def shots(tmp_path_factory) -> Path:
-    directory = Path(os.environ.get("OBSERVATORY_SCREENSHOTS") or tmp_path_factory.mktemp("screenshots"))
-    directory.mkdir(parents=True, exist_ok=True)
-    return directory
-
-
-class Session:
-    """A logged-in browser page that records every JavaScript error and failed request."""
-
-    def __init__(self, browser, url: str):
-        self.context = browser.new_context(viewport={"width": 1400, "height": 1000})
-        self.page = self.context.new_page()
-        self.url = url
-        self.errors: list[str] = []
-        self.page.on("pageerror", lambda error: self.errors.append(f"page error: {error}"))
-        self.page.on("console", lambda m: self.errors.append(f"console: {m.text}") if m.type == "error" else None)
-
-    def login(self, user: str, password: str, expect_ok: bool = True) -> None:
-        self.page.goto(self.url + "/accounts/login/")
-        self.page.fill("#id_username", user)
-        self.page.fill("#id_password", password)
-        self.page.click("button[type=submit]")
-        self.page.wait_for_load_state("networkidle")
-        if expect_ok:
-            assert not self.page.url.endswith("/accounts/login/"), self.page.content()[:2000]
-
-    def goto(self, path: str):
-        response = self.page.goto(self.url + path)
-        self.page.wait_for_load_state("networkidle")
-        return response
-
-    def close(self):
-        self.context.close()
-
-
 @pytest.fixture
 def ops(browser, dash):
-    session = Session(browser, dash["url"])
+    session = BrowserSession(browser, dash["url"])
     session.login("ops", dash["passwords"]["ops"])
     yield session
     assert session.errors == [], session.errors
@@ -173,7 +107,7 @@ def _api(dash, path: str):
 
 # -- login and projects --------------------------------------------------------------------------------------
 def test_a_logged_out_visitor_is_sent_to_the_login_page_and_a_wrong_password_is_refused(browser, dash, shots):
-    session = Session(browser, dash["url"])
+    session = BrowserSession(browser, dash["url"])
     for path in ("/", "/requests/", "/traces/" + "0" * 32):
         session.goto(path)
         assert urllib.parse.urlparse(session.page.url).path == "/accounts/login/", session.page.url
@@ -212,7 +146,7 @@ def test_overview_draws_its_charts_from_live_data(ops, dash, shots):
     total = int(ops.page.locator("[data-testid=total]").inner_text())
     assert total > 0
     charts = ops.page.locator("[data-chart]")
-    assert charts.count() == 8  # six charts, and the two of the replica-group comparison
+    assert charts.count() == 12  # six charts, the four of the caches, and the two of the replica-group comparison
     for index in range(charts.count()):
         chart = charts.nth(index)
         assert chart.locator("canvas").count() == 1, chart.get_attribute("data-chart")
@@ -228,7 +162,7 @@ def test_overview_draws_its_charts_from_live_data(ops, dash, shots):
     # Auto-refresh swaps the body and draws again, without errors.
     ops.page.evaluate("htmx.trigger('#overview-body', 'every 30s')")
     ops.page.wait_for_timeout(1500)
-    assert ops.page.locator("[data-chart] canvas").count() == 8
+    assert ops.page.locator("[data-chart] canvas").count() == 12
 
 
 # -- requests explorer ----------------------------------------------------------------------------------------
@@ -238,14 +172,14 @@ def test_explorer_filters_sorts_and_pages(ops, shots):
     assert groups and set(groups) == {"canary"}
     ops.goto("/requests/?range=15m&sort=e2e_ms&order=desc")
     ops.page.screenshot(path=str(shots / "requests.png"), full_page=True)
-    first = [_ms(t) for t in ops.page.locator("table.requests tbody tr td:nth-child(8)").all_inner_texts()]
+    first = [_ms(t) for t in ops.page.locator("table.requests tbody tr td:nth-child(9)").all_inner_texts()]
     assert first == sorted(first, reverse=True)
     next_link = ops.page.locator("a[rel=next]")
     if len(first) == 50:  # a second page, continuing where the first stopped
         assert next_link.count() == 1
         with ops.page.expect_navigation():
             next_link.click()
-        second = [_ms(t) for t in ops.page.locator("table.requests tbody tr td:nth-child(8)").all_inner_texts()]
+        second = [_ms(t) for t in ops.page.locator("table.requests tbody tr td:nth-child(9)").all_inner_texts()]
         assert second and max(second) <= min(first)
     # Invalid input: the message next to its field, and no query.
     response = ops.goto("/requests/?min_e2e=abc&prompt_bucket=huge&after=nonsense")
@@ -334,11 +268,11 @@ def test_another_projects_trace_is_404(browser, dash, ops):
     status, _, _ = post_traces(dash["process"], dash["keys"]["other"], _otlp(trace_id, []))
     assert status == 200
     dash["process"].wait_idle(30)
-    outsider = Session(browser, dash["url"])
+    outsider = BrowserSession(browser, dash["url"])
     outsider.login("outsider", dash["passwords"]["outsider"])
     assert outsider.goto(f"/traces/{trace_id}").status == 200  # its own project's
     outsider.close()
-    viewer = Session(browser, dash["url"])
+    viewer = BrowserSession(browser, dash["url"])
     viewer.login("viewer", dash["passwords"]["viewer"])
     assert viewer.goto(f"/traces/{trace_id}").status == 404    # a member of 'default' only
     assert viewer.goto("/?project=other").status == 404        # not a member: no such project for them
@@ -485,7 +419,7 @@ def test_alert_page_renders_the_diagnosis_and_silences_it(ops, dash, shots, burn
 
 def test_a_viewer_sees_no_edit_controls_and_gets_403_when_posting(browser, dash, burning, ops):
     alert = _wait_for_firing(dash, burning)
-    viewer = Session(browser, dash["url"])
+    viewer = BrowserSession(browser, dash["url"])
     viewer.login("viewer", dash["passwords"]["viewer"])
     viewer.goto("/slos/")
     assert viewer.page.get_by_text("New SLO").count() == 0
@@ -504,7 +438,7 @@ def test_a_viewer_sees_no_edit_controls_and_gets_403_when_posting(browser, dash,
                         form={"matchers": f'slo="{burning}"', "duration": "1h", "comment": "no"},
                         headers=headers).status == 403
     # Another project's alert and SLO are not found (a member of 'other' only).
-    outsider = Session(browser, dash["url"])
+    outsider = BrowserSession(browser, dash["url"])
     outsider.login("outsider", dash["passwords"]["outsider"])
     assert outsider.goto(f"/alerts/{alert['fingerprint']}/").status == 404
     assert outsider.goto(f"/slos/{burning}/").status == 404
@@ -518,7 +452,7 @@ def test_a_viewer_sees_no_edit_controls_and_gets_403_when_posting(browser, dash,
 # -- channels and the engine ---------------------------------------------------------------------------------------
 @pytest.fixture
 def admin(browser, dash):
-    session = Session(browser, dash["url"])
+    session = BrowserSession(browser, dash["url"])
     session.login("admin", dash["passwords"]["admin"])
     yield session
     assert session.errors == [], session.errors
@@ -623,3 +557,64 @@ def test_a_request_joined_across_traces_is_one_waterfall_from_either_trace(ops, 
         # The row belongs to the engine's trace; the client's hop names its own.
         assert f"(trace {app[:8]}…)" in lanes[0] and "(trace" not in lanes[2]
     ops.page.screenshot(path=str(shots / "trace-joined.png"), full_page=True)
+
+
+def test_a_request_answered_from_the_response_cache_is_its_own_class(ops, dash, shots):
+    """A client span above the platform gateway's SERVER span that answered from its exact cache (no engine): the
+    waterfall splits the gateway's bar into lookup and overhead, says what served it, and shows no engine figure;
+    the explorer tags the row; the overview counts it as cached traffic apart from the engine's percentiles."""
+    trace, client, gateway = uuid.uuid4().hex, uuid.uuid4().hex[:16], uuid.uuid4().hex[:16]
+    base = time.time_ns() - 20 * 1_000_000_000
+    chat = [("gen_ai.operation.name", "chat"), ("gen_ai.request.model", "llama"),
+            ("gen_ai.response.id", f"chatcmpl-{uuid.uuid4().hex}")]
+    for body in (
+        _span_request("chat-app", "opentelemetry.instrumentation.openai_v2", [(
+            trace, client, "", "chat llama", 3, base, base + 20 * MS, chat)]),
+        _span_request("llm-gateway", "llm_observatory.gateway", [(
+            trace, gateway, client, "chat llama", 2, base + 4 * MS, base + 16 * MS,
+            [*chat, ("observatory.cache.result", "hit"), ("observatory.cache.served_from", "exact_cache"),
+             ("observatory.cache.lookup_ms", 3.5), ("gen_ai.usage.input_tokens", 40)])]),
+    ):
+        status, _, answer = post_traces(dash["process"], dash["keys"]["default"], body)
+        assert status == 200, answer
+    dash["process"].wait_idle(30)
+    [row] = _api(dash, f"/api/v1/requests?trace_id={trace}")["requests"]
+    assert (row["served_from"], row["lookup_ms"], row["prefill_ms"]) == ("exact_cache", 3.5, 0)
+    ops.goto(f"/traces/{trace}")
+    section = ops.page.locator(f"#request-{row['request_key']}")
+    assert section.locator("[data-testid=served-from]").inner_text() == "served from exact cache"
+    server = section.locator(".lane[data-role=gateway]")
+    assert [s.get_attribute("data-segment") for s in server.locator(".segment").all()] == ["lookup", "overhead"]
+    track = server.locator(".lane-track").bounding_box()
+    lookup = server.locator(".segment[data-segment=lookup]").bounding_box()
+    assert abs(lookup["width"] - track["width"] * 3.5 / 20) <= 1.5  # 3.5 ms of the client's 20 ms axis
+    figures = [cell.get_attribute("data-figure") for cell in section.locator("[data-figure]").all()]
+    assert "lookup_ms" in figures and not {"queue_ms", "prefill_ms", "decode_ms", "tpot_ms"} & set(figures)
+    assert "e2e = network + gateway + lookup + overhead" in section.locator("[data-testid=cache-legend]").inner_text()
+    ops.page.screenshot(path=str(shots / "trace-cache-hit.png"), full_page=True)
+    _fits_a_narrow_window(ops, shots / "trace-cache-hit-narrow.png")
+    ops.goto("/requests/?range=15m&served_from=exact_cache")
+    assert ops.page.locator("table.requests tbody tr").count() == 1
+    assert ops.page.locator("table.requests [data-served-from=exact_cache]").count() == 1
+    # No engine ran: no queue, prefill or decode figure, the lookup instead.
+    assert ops.page.locator("table.requests tbody tr td").last.inner_text() == "– (lookup 3.5 ms)"
+    ops.goto("/?range=15m")
+    classes = {r.get_attribute("data-class"): r.locator("td").all_inner_texts()
+               for r in ops.page.locator("[data-testid=classes] tbody tr").all()}
+    assert classes["exact_cache"][0] == "1" and classes["engine"][0] != "0", classes
+    assert abs(sum(float(cells[1].rstrip("%")) for cells in classes.values()) - 100) < 0.02, classes
+    assert ops.page.locator("[data-testid=cache-served]").inner_text().startswith("1 ")
+    ops.page.screenshot(path=str(shots / "overview-caches.png"), full_page=True)
+    _fits_a_narrow_window(ops, shots / "overview-caches-narrow.png")
+
+
+def _fits_a_narrow_window(ops, shot) -> None:
+    """At a phone's width the page does not scroll sideways: wide tables scroll inside themselves."""
+    ops.page.set_viewport_size({"width": 420, "height": 900})
+    try:
+        ops.page.reload()
+        ops.page.wait_for_load_state("networkidle")
+        assert ops.page.evaluate("document.documentElement.scrollWidth <= window.innerWidth + 1")
+        ops.page.screenshot(path=str(shot), full_page=True)
+    finally:
+        ops.page.set_viewport_size({"width": 1400, "height": 1000})

@@ -65,6 +65,8 @@ class FakeReplica:
         self.steps: asyncio.Queue | None = None
         # Simulated crash: "before_answer" drops the connection without a response; an int N drops it after N chunks.
         self.crash: str | int | None = None
+        # When not None, sent as usage.prompt_tokens_details (vLLM's prefix-cache hits: {"cached_tokens": N}).
+        self.prompt_tokens_details: object = None
         self.requests: list[dict] = []
         self.cancelled: list[float] = []
         self.completed = 0
@@ -121,11 +123,17 @@ class FakeReplica:
                 "id": f"cmpl-{self.name}-{number}", "object": "chat.completion", "model": self.model,
                 "choices": [{"index": 0, "message": {"role": "assistant", "content": self.name},
                              "finish_reason": "stop"}],
-                "usage": {"prompt_tokens": 7, "completion_tokens": self.chunks, "total_tokens": 7 + self.chunks},
+                "usage": self._usage(),
             })
         except asyncio.CancelledError:
             self.cancelled.append(time.monotonic())
             raise
+
+    def _usage(self) -> dict:
+        usage = {"prompt_tokens": 7, "completion_tokens": self.chunks, "total_tokens": 7 + self.chunks}
+        if self.prompt_tokens_details is not None:
+            usage["prompt_tokens_details"] = self.prompt_tokens_details
+        return usage
 
     async def _stream(self, request: web.Request, body: dict, number: int) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
@@ -144,8 +152,7 @@ class FakeReplica:
                                          "finish_reason": "stop" if index == self.chunks - 1 else None}])
             await response.write(b"data: " + orjson.dumps(chunk) + b"\n\n")
         if (body.get("stream_options") or {}).get("include_usage"):
-            usage = dict(base, choices=[], usage={"prompt_tokens": 7, "completion_tokens": self.chunks,
-                                                  "total_tokens": 7 + self.chunks})
+            usage = dict(base, choices=[], usage=self._usage())
             await response.write(b"data: " + orjson.dumps(usage) + b"\n\n")
         await response.write(b"data: [DONE]\n\n")
         await response.write_eof()

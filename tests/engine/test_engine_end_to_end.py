@@ -6,68 +6,34 @@ within 5 ms, and both replica groups must carry traffic under their own config v
 """
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
-import sys
 import time
 
 import pytest
-import yaml
+from fleet_support import FleetPorts, exporting_to, group, run_engine, write_fleet
 from otlp_live_helpers import requests_for
 
 from engine.config import EngineConfig
 from engine.loadgen import LengthRange, LoadSpec, run_load_sync
 from engine.telemetry import build_tracer_provider
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
 BASELINE = {"model": "meta-llama/Llama-3.1-8B-Instruct", "gpu_type": "H100"}
 CANARY = {**BASELINE, "speculative_config": {"method": "ngram", "num_speculative_tokens": 3}}
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _engine(fleet_file: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("ENGINE_", "OTEL_"))}
-    return subprocess.run([sys.executable, "-m", "engine", *args, "--fleet", fleet_file], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=timeout)
 
 
 @pytest.fixture(scope="module")
 def fleet(live_platform, tmp_path_factory):
     """A simulated fleet of two groups (50/50) exporting its spans to the live platform (project alpha)."""
     run_dir = tmp_path_factory.mktemp("fleet")
-    gateway = f"127.0.0.1:{_free_port()}"
-    spec = {
-        "name": "e2e",
-        "run_dir": str(run_dir),
-        "gateway": {"bind": gateway},
-        "control": {"bind": f"127.0.0.1:{_free_port()}"},
-        "replicas": {"host": "127.0.0.1", "base_port": _free_port()},
-        "telemetry": {
-            "otlp_endpoint": f"{live_platform.url}/v1/traces",
-            "otlp_protocol": "http/protobuf",
-            "otlp_headers": {"authorization": f"Bearer {live_platform.keys['alpha']}"},
-        },
-        "groups": [
-            {"name": "baseline", "weight": 50, "replicas": 1, "backend": "simulator", "config": BASELINE},
-            {"name": "canary", "weight": 50, "replicas": 1, "backend": "simulator", "config": CANARY},
-        ],
-    }
-    fleet_file = str(run_dir / "fleet.yaml")
-    with open(fleet_file, "w") as handle:
-        yaml.safe_dump(spec, handle)
-    started = _engine(fleet_file, "up", "--detach", timeout=180)
+    ports = FleetPorts.free()
+    fleet_file = write_fleet(run_dir / "fleet.yaml", name="e2e", run_dir=run_dir, ports=ports,
+                             groups=[group("baseline", BASELINE, weight=50), group("canary", CANARY, weight=50)],
+                             telemetry=exporting_to(live_platform.process, live_platform.keys["alpha"]))
+    started = run_engine(fleet_file, "up", "--detach", timeout=180)
     assert started.returncode == 0, started.stdout + started.stderr
     try:
-        yield f"http://{gateway}/v1"
+        yield f"http://127.0.0.1:{ports.gateway}/v1"
     finally:
-        stopped = _engine(fleet_file, "down", timeout=180)
+        stopped = run_engine(fleet_file, "down", timeout=180)
         assert stopped.returncode == 0, stopped.stdout + stopped.stderr
 
 

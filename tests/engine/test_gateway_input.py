@@ -14,8 +14,8 @@ import aiohttp
 import pytest
 from gateway_fakes import MODEL, FakeReplica, chat, gateway, groups, run
 
+from engine.addresses import parse_bind
 from engine.gateway import GatewaySettings, RoutesError, main, parse_routes
-from engine.gateway.settings import parse_bind
 
 ROOT = Path(__file__).resolve().parents[2]
 ADMIN_TOKEN = "s3cret-admin-token"
@@ -202,7 +202,9 @@ def test_routes_and_settings_are_validated():
         with pytest.raises(RoutesError):
             parse_routes(bad)
     assert parse_bind("127.0.0.1:8100") == ("127.0.0.1", 8100)
-    assert parse_bind("[::1]:0") == ("::1", 0)
+    assert parse_bind("[::1]:0", lowest_port=0) == ("::1", 0)
+    with pytest.raises(ValueError):
+        parse_bind("[::1]:0")
     for bad in ("8100", "host:", "::1:8100", "h:70000", ":80"):
         with pytest.raises(ValueError):
             parse_bind(bad)

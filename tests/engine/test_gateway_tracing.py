@@ -2,14 +2,17 @@
 from __future__ import annotations
 
 import aiohttp
-from gateway_fakes import MODEL, FakeReplica, chat, gateway, groups, run, settings, tracing
+import orjson
+from gateway_fakes import MODEL, FakeReplica, chat, gateway, groups, run, settings, sse_events, tracing
 from ingest.otlp import Limits, decode_protobuf
 from multidict import CIMultiDict
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.trace import SpanKind, StatusCode
+from replica_harness import start_replica
 
 from collectors.base import Role
 from collectors.registry import normalise_span
+from engine.config import EngineConfig
 from engine.gateway import GATEWAY_KEY, build_gateway_app
 
 TRACE_ID = "0af7651916cd43dd8448eb211c80319c"
@@ -155,3 +158,67 @@ def test_default_tracer_provider_names_the_service_llm_gateway():
     app = build_gateway_app(settings([{"name": "g", "weight": 1, "upstreams": ["http://127.0.0.1:9"]}]))
     provider = app[GATEWAY_KEY].tracer_provider
     assert provider.resource.attributes["service.name"] == "llm-gateway"
+
+
+def test_prefix_cache_hits_of_a_simulated_replica_are_on_the_span_streamed_and_not():
+    """The simulator with prompt-token details on (as the launcher starts it): the same long system prompt twice,
+    then a stream whose usage chunk the gateway asked for itself. Each span carries the replica's own count."""
+    provider, exporter = tracing()
+    replica, replica_spans = start_replica(EngineConfig(), served_model_name=MODEL, enable_prompt_tokens_details=True)
+    system = {"role": "system", "content": "Harbour pilots board inbound ships at the fairway buoy. " * 12}
+
+    def body(question: str, **extra) -> dict:
+        return chat(messages=[system, {"role": "user", "content": question}], **extra)
+
+    async def scenario():
+        async with gateway(groups(("baseline", 1, [replica.url])), tracer_provider=provider) as gw, \
+                aiohttp.ClientSession() as session:
+            answers = []
+            for question in ("When is high water?", "Who boards at dawn?"):
+                async with session.post(gw.url + "/v1/chat/completions", json=body(question)) as resp:
+                    answers.append(await resp.json())
+            async with session.post(gw.url + "/v1/chat/completions", json=body("And at dusk?", stream=True)) as resp:
+                events = [orjson.loads(e) for e in sse_events(await resp.read()) if e != b"[DONE]"]
+        return answers, events
+
+    try:
+        answers, events = run(scenario())
+    finally:
+        replica.stop()
+    assert all("usage" not in event for event in events)  # the usage chunk the client did not ask for is hidden
+    spans = {span.attributes["gen_ai.response.id"]: span for span in exporter.get_finished_spans()}
+    engine_spans = {span.attributes["gen_ai.request.id"]: span for span in replica_spans.get_finished_spans()}
+    cached = [spans[answer["id"]].attributes["gen_ai.usage.cache_read.input_tokens"] for answer in answers]
+    assert cached[0] == 0 and cached[1] > 0 and cached[1] % EngineConfig().resolved().block_size == 0
+    assert cached == [answer["usage"]["prompt_tokens_details"]["cached_tokens"] for answer in answers]
+    streamed = events[0]["id"]
+    assert spans[streamed].attributes["gen_ai.usage.cache_read.input_tokens"] == cached[1] == (
+        engine_spans[streamed].attributes["gen_ai.usage.cache_read.input_tokens"])
+
+
+def test_malformed_cached_token_counts_are_left_out():
+    provider, exporter = tracing()
+    sent = [{"cached_tokens": 0}, {"cached_tokens": 5}, None, {"cached_tokens": "5"}, {"cached_tokens": True},
+            {"cached_tokens": -1}, {"cached_tokens": 5.0}, {"cached_tokens": 8}, {"cached_tokens": 10**30},
+            {"cached_tokens": None}, [5], "5"]
+
+    async def scenario():
+        replica = FakeReplica("a")
+        await replica.start()
+        async with gateway(groups(("baseline", 1, [replica])), tracer_provider=provider) as gw, \
+                aiohttp.ClientSession() as session:
+            for details in sent:
+                replica.prompt_tokens_details = details
+                for stream in (False, True):
+                    async with session.post(gw.url + "/v1/chat/completions", json=chat(stream=stream)) as resp:
+                        assert resp.status == 200
+                        await resp.read()
+        await replica.stop()
+
+    run(scenario())
+    # In the order the replica answered (its ids end in a running number).
+    spans = sorted(exporter.get_finished_spans(),
+                   key=lambda span: int(span.attributes["gen_ai.response.id"].split("-")[-1]))
+    recorded = [span.attributes.get("gen_ai.usage.cache_read.input_tokens") for span in spans]
+    # 7 prompt tokens: a count above that, or anything but a whole number, is no count of the prompt's tokens.
+    assert recorded == [0, 0, 5, 5] + [None] * 2 * (len(sent) - 2)

@@ -12,15 +12,10 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from engine.config import EngineConfig
 from engine.launcher.cli import EMBEDDED_FLEET, main
-from engine.launcher.fleet import (
-    FleetController,
-    FleetSpec,
-    FleetSpecError,
-    RunDirLock,
-    build_control_app,
-    parse_headers_text,
-    read_or_create_token,
-)
+from engine.launcher.control_api import build_control_app
+from engine.launcher.fleet_controller import FleetController
+from engine.launcher.fleet_spec import FleetSpec, FleetSpecError, parse_headers_text
+from engine.launcher.run_dir import RunDirLock, read_or_create_token
 
 
 def minimal(**overrides):
@@ -124,7 +119,7 @@ def test_group_environment_reaches_each_replica_but_not_over_the_tracing_contrac
         {"name": "sim", "config": {}, "env": {"VLLM_LOGGING_LEVEL": 10}},
     ])
     spec = FleetSpec.from_dict(data, env={})
-    controller = FleetController(spec)
+    controller = FleetController(spec, control_app=build_control_app)
     vllm = controller._replica_factory(spec.groups[0], spec.groups[0].config)(8101)
     assert Path(vllm.argv[0]).name == "vllm" and vllm.argv[1:3] == ("serve", "meta-llama/Llama-3.1-8B-Instruct")
     assert vllm.env["CUDA_VISIBLE_DEVICES"] == "0,1" and vllm.env["OTEL_SERVICE_NAME"] == "vllm"
@@ -180,7 +175,7 @@ def control_api(tmp_path):
         {"name": "canary", "weight": 10, "config": {"speculative_config": {"method": "ngram",
                                                                           "num_speculative_tokens": 3}}},
     ])
-    controller = FleetController(FleetSpec.from_dict(data, env={}))
+    controller = FleetController(FleetSpec.from_dict(data, env={}), control_app=build_control_app)
     controller.control_token = "t" * 43
     return controller
 

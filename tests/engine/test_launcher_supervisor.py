@@ -14,22 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from engine.launcher.supervisor import (
-    CRASHED,
-    DRAINING,
-    HEALTHY,
-    STOPPED,
-    UNHEALTHY,
-    PortAllocator,
-    ReplacementFailed,
-    Supervisor,
-    SupervisorPolicy,
-    backoff_delay,
-    kill_recorded_processes,
-    parse_load,
-    process_alive,
-    process_start_ticks,
-)
+from engine.launcher.managed_process import CRASHED, DRAINING, HEALTHY, STOPPED, UNHEALTHY, PortAllocator, parse_load
+from engine.launcher.process_groups import kill_recorded_processes, process_alive, process_start_ticks
+from engine.launcher.supervision_policy import SupervisorPolicy, backoff_delay
+from engine.launcher.supervisor import ReplacementFailed, Supervisor
 from engine.launcher.vllm_command import LaunchCommand
 
 FAKE = str(Path(__file__).with_name("launcher_fake_replica.py"))

@@ -13,9 +13,11 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from fleet_support import fleet_control
 
 from engine.launcher.cli import main
-from engine.launcher.supervisor import process_alive
+from engine.launcher.process_groups import process_alive
+from engine.launcher.run_dir import RunDirLock
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("engine.replica.cli") is None or importlib.util.find_spec("engine.gateway.server") is None,
@@ -69,15 +71,7 @@ groups:
 
 
 def control(urls: dict, method: str, path: str, body: dict | None = None) -> tuple[int, dict]:
-    token = (urls["run_dir"] / "control.token").read_text().strip()
-    request = urllib.request.Request(urls["control"] + path, method=method,
-                                     data=json.dumps(body).encode() if body is not None else None,
-                                     headers={"Authorization": f"Bearer {token}"})
-    try:
-        with urllib.request.urlopen(request, timeout=10) as response:
-            return response.status, json.loads(response.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read())
+    return fleet_control(urls["control"], urls["run_dir"], method, path, body)
 
 
 def post(url: str, body: dict) -> urllib.request.Request:
@@ -253,7 +247,10 @@ def test_down_cleans_up_after_a_controller_that_died(tmp_path, capsys):
         children = [p["pid"] for p in state["processes"]]
         assert len(children) == 3
         os.kill(state["pid"], signal.SIGKILL)
-        wait_for(lambda: not process_alive(state["pid"], state["start_ticks"]), 10, "the controller to die")
+        # The leader shows "Z" while the controller's other threads still exit (and still hold the run
+        # directory's flock): dead means the lock is free too.
+        wait_for(lambda: not process_alive(state["pid"], state["start_ticks"])
+                 and not RunDirLock.held(urls["run_dir"]), 10, "the controller to die")
         assert all(process_alive(pid) for pid in children)  # orphans, still holding their ports
         capsys.readouterr()
         assert main(["status", "--fleet", str(fleet)]) == 3

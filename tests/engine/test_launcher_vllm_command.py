@@ -19,6 +19,7 @@ from engine.launcher.vllm_command import (
     render_vllm_command,
     write_config_file,
 )
+from engine.replica.cli import build_parser
 
 CANARY = EngineConfig.from_dict({"speculative_config": {"method": "ngram", "num_speculative_tokens": 3}})
 TUNED = EngineConfig.from_dict({
@@ -38,7 +39,7 @@ def test_baseline_golden_argv():
         "--tensor-parallel-size", "1", "--max-num-seqs", "1024", "--max-num-batched-tokens", "8192",
         "--long-prefill-token-threshold", "0", "--scheduling-policy", "fcfs", "--gpu-memory-utilization", "0.9",
         "--kv-cache-dtype", "auto", "--block-size", "16", "--max-model-len", "131072",
-        "--enable-chunked-prefill", "--enable-prefix-caching",
+        "--enable-chunked-prefill", "--enable-prefix-caching", "--enable-prompt-tokens-details",
     )
 
 
@@ -149,10 +150,13 @@ def test_simulator_command_has_the_same_contract(tmp_path):
     )
     assert command.argv == (
         sys.executable, "-m", "engine.replica", "--config", str(path), "--host", "127.0.0.1", "--port", "8102",
-        "--group", "canary", "--served-model-name", "llama", "--otlp-traces-endpoint", "127.0.0.1:4317",
+        "--group", "canary", "--enable-prompt-tokens-details", "--served-model-name", "llama", "--otlp-traces-endpoint", "127.0.0.1:4317",
         "--seed", "7",
     )
     assert command.env["OTEL_EXPORTER_OTLP_TRACES_HEADERS"] == "authorization=Bearer%20k"
+    # The simulator's own parser reads it back (prompt-token details on, as for vLLM).
+    parsed = build_parser().parse_args(list(command.argv[3:]))
+    assert parsed.enable_prompt_tokens_details is True and parsed.group == "canary" and parsed.seed == 7
     assert f"llm_observatory.engine_config={CANARY.version}" in command.env["OTEL_RESOURCE_ATTRIBUTES"]
     with pytest.raises(ValueError, match="group"):
         render_simulator_command(CANARY, config_path=path, host="127.0.0.1", port=8102, group="")
@@ -192,35 +196,57 @@ CPU_TINY = EngineConfig.from_dict({"model": "/models/tiny", "gpu_type": "CPU", "
                                    "kv_cache_memory_bytes": 64 * 1024**2, "enable_chunked_prefill": False,
                                    "max_num_batched_tokens": 4096, "max_model_len": 2048})
 
-# Run inside vLLM's own virtualenv (make vllm): parse an argv with `vllm serve`'s parser, print the namespace.
+# Run inside vLLM's own virtualenv (make vllm): parse each named argv with `vllm serve`'s parser; print, by name,
+# the namespace or the parser's complaint. One process for all: importing vLLM takes ~30 s on a loaded 2-core host.
 _PARSE_WITH_VLLM = """
-import json, sys
+import contextlib, io, json, sys
 try:
     from vllm.entrypoints.launchers.cli_args import make_arg_parser  # vLLM 0.32
 except ImportError:
     from vllm.entrypoints.openai.cli_args import make_arg_parser
 from vllm.utils.argparse_utils import FlexibleArgumentParser
-args = make_arg_parser(FlexibleArgumentParser()).parse_args(json.load(sys.stdin))
-print(json.dumps(vars(args), default=str))
+out = {}
+for name, argv in json.load(sys.stdin).items():
+    complaint = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(complaint):
+            out[name] = vars(make_arg_parser(FlexibleArgumentParser()).parse_args(argv))
+    except SystemExit:
+        out[name] = {"error": complaint.getvalue()}
+print(json.dumps(out, default=str))
 """
+VLLM_PARSER_CASES = {"baseline": EngineConfig(), "canary": CANARY, "tuned": TUNED, "cpu": CPU_TINY}
 
 
-@pytest.mark.parametrize("config", [EngineConfig(), CANARY, TUNED, CPU_TINY], ids=["baseline", "canary", "tuned",
-                                                                                 "cpu"])
-def test_vllm_own_parser_accepts_the_argv(config, real_vllm_python):
+def _contract_command(config: EngineConfig) -> LaunchCommand:
+    return render_vllm_command(config, host="127.0.0.1", port=8101, served_model_name="served",
+                               otlp_traces_endpoint="http://127.0.0.1:4317", collect_detailed_traces="all")
+
+
+@pytest.fixture(scope="module")
+def parsed_by_vllm(real_vllm_python) -> dict[str, dict]:
+    argvs = {name: list(_contract_command(config).argv[2:]) for name, config in VLLM_PARSER_CASES.items()}
+    parsed = subprocess.run([real_vllm_python, "-c", _PARSE_WITH_VLLM], input=json.dumps(argvs),
+                            capture_output=True, text=True, timeout=300,
+                            env={**os.environ, "VLLM_TARGET_DEVICE": "cpu"})
+    assert parsed.returncode == 0, parsed.stderr[-3000:]
+    return json.loads(parsed.stdout.strip().splitlines()[-1])
+
+
+# tests/engine runs in the server suite, where OBSERVATORY_REAL_VLLM=0 skips real vLLM: this one runs in the
+# embedded suite, beside the other real-vLLM tests (tests/engine/test_real_vllm.py).
+@pytest.mark.mode_independent(suite="embedded")
+@pytest.mark.parametrize("name", list(VLLM_PARSER_CASES))
+def test_vllm_own_parser_accepts_the_argv(name, parsed_by_vllm):
     """Contract test: real vLLM's ``vllm serve`` parser (make vllm) reads back every knob we render.
 
     It found that vLLM 0.32 no longer has --max-num-partial-prefills / --max-long-partial-prefills: they
     are left out at their default (PARTIAL's values above 1 are V0-only and not checked here).
     """
-    command = render_vllm_command(config, host="127.0.0.1", port=8101, served_model_name="served",
-                                  otlp_traces_endpoint="http://127.0.0.1:4317", collect_detailed_traces="all")
-    assert command.argv[:2] == ("vllm", "serve")
-    parsed = subprocess.run([real_vllm_python, "-c", _PARSE_WITH_VLLM], input=json.dumps(list(command.argv[2:])),
-                            capture_output=True, text=True, timeout=180,
-                            env={**os.environ, "VLLM_TARGET_DEVICE": "cpu"})
-    assert parsed.returncode == 0, parsed.stderr[-3000:]
-    args = json.loads(parsed.stdout.strip().splitlines()[-1])
+    config = VLLM_PARSER_CASES[name]
+    assert _contract_command(config).argv[:2] == ("vllm", "serve")
+    args = parsed_by_vllm[name]
+    assert "error" not in args, args.get("error")
     resolved = config.resolved()
     assert args["model_tag"] == config.model and args["host"] == "127.0.0.1" and args["port"] == 8101
     assert args["served_model_name"] in ("served", ["served"])
@@ -234,3 +260,5 @@ def test_vllm_own_parser_accepts_the_argv(config, real_vllm_python):
     assert args["otlp_traces_endpoint"] == "http://127.0.0.1:4317"
     assert args["collect_detailed_traces"] in ("all", ["all"], "['all']")
     assert args["enforce_eager"] is (config.gpu_type == "CPU")
+    # Usage says how many prompt tokens the prefix cache served (prompt_tokens_details.cached_tokens).
+    assert args["enable_prompt_tokens_details"] is True

@@ -7,8 +7,9 @@ import statistics
 import pytest
 
 from engine.loadgen import LengthRange, WorkloadFileError
+from engine.loadgen.spec import LoadSpec
 from engine.loadgen.workload import SHAREGPT_MAX_TOTAL, Workload
-from engine.tokens import count_tokens
+from engine.tokens import count_tokens, token_ids
 
 
 def test_sharegpt_lengths_match_the_documented_statistics():
@@ -43,6 +44,23 @@ def test_synthetic_prompts_have_exactly_the_asked_length():
     for index in range(20):
         content = sharegpt.content(index)
         assert count_tokens(content.prompt) == content.input_tokens
+
+
+def test_a_shared_prefix_starts_every_synthetic_prompt_and_keeps_the_lengths():
+    shared = 64
+    contents = [Workload(seed=seed, shared_prefix_len=shared).content(index) for seed in (1, 2) for index in range(40)]
+    plain = [Workload(seed=seed).content(index) for seed in (1, 2) for index in range(40)]
+    assert [c.input_tokens for c in contents] == [c.input_tokens for c in plain]  # lengths as drawn
+    longer = [c for c in contents if c.input_tokens > shared]
+    assert len(longer) > 20
+    first = token_ids(longer[0].prompt)[:shared]
+    for content in contents:
+        ids = token_ids(content.prompt)
+        assert len(ids) == count_tokens(content.prompt) == content.input_tokens
+        assert ids[:shared] == first[:len(ids[:shared])]  # the same text across seeds and requests
+    # After the prefix, each request's own text.
+    assert len({tuple(token_ids(c.prompt)[shared:]) for c in longer}) == len(longer)
+    assert LoadSpec(shared_prefix_len=-1).problems() and LoadSpec(shared_prefix_len=10**6).problems()
 
 
 def test_uniform_lengths_cover_the_range():

@@ -15,8 +15,6 @@ import os
 import secrets
 import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
 import urllib.error
@@ -24,29 +22,18 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-import yaml
+from fleet_support import FleetPorts, exporting_to, fleet_control, group, run_engine, write_fleet
 from otlp_live_helpers import requests_for
+
+from engine.config import EngineConfig
 
 # Real vLLM runs in the embedded suite only (two sets of vLLM processes on two cores would slow both suites).
 pytestmark = pytest.mark.mode_independent(suite="embedded")
 
-REPO = Path(__file__).resolve().parents[2]
 SERVED = "tiny-llama"
 GROUP = "real"
 CONFIG = {"gpu_type": "CPU", "max_num_seqs": 8, "kv_cache_memory_bytes": 32 * 1024 * 1024}
 SPEC_CONFIG = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3}
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _engine(fleet_file: str, *args: str, timeout: float = 400) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("ENGINE_", "OTEL_"))}
-    return subprocess.run([sys.executable, "-m", "engine", *args, "--fleet", fleet_file], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=timeout)
 
 
 class Fleet:
@@ -55,15 +42,7 @@ class Fleet:
         self.platform, self.model = platform, model
 
     def control(self, method: str, path: str, body: dict | None = None) -> tuple[int, dict]:
-        token = (self.run_dir / "control.token").read_text().strip()
-        request = urllib.request.Request(self.control_url + path, method=method,
-                                         data=json.dumps(body).encode() if body is not None else None,
-                                         headers={"Authorization": f"Bearer {token}"})
-        try:
-            with urllib.request.urlopen(request, timeout=10) as response:
-                return response.status, json.loads(response.read())
-        except urllib.error.HTTPError as exc:
-            return exc.code, json.loads(exc.read())
+        return fleet_control(self.control_url, self.run_dir, method, path, body)
 
     def replica(self) -> dict:
         [replica] = [r for r in self.control("GET", "/fleet")[1]["replicas"] if r["group"] == GROUP]
@@ -76,31 +55,20 @@ class Fleet:
 @pytest.fixture(scope="module")
 def fleet(real_vllm_executable, live_platform, tiny_model_dir, tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("real-vllm-fleet")
-    gateway, control = f"127.0.0.1:{_free_port()}", f"127.0.0.1:{_free_port()}"
-    spec = {
-        "name": "real-vllm",
-        "run_dir": str(run_dir),
-        "gateway": {"bind": gateway},
-        "control": {"bind": control},
-        "replicas": {"host": "127.0.0.1", "base_port": _free_port()},
-        "vllm": {"executable": real_vllm_executable},
-        "supervision": {"health_interval": 0.5, "backoff_initial": 0.2, "backoff_max": 1.0, "terminate_grace": 10},
-        "telemetry": {
-            "otlp_endpoint": live_platform.grpc_target,
-            "otlp_protocol": "grpc",
-            "otlp_headers": {"authorization": f"Bearer {live_platform.keys['alpha']}"},
-        },
-        "groups": [{"name": GROUP, "weight": 100, "replicas": 1, "backend": "vllm", "served_model_name": SERVED,
-                    "config": {"model": tiny_model_dir, **CONFIG}}],
-    }
-    fleet_file = str(run_dir / "fleet.yaml")
-    Path(fleet_file).write_text(yaml.safe_dump(spec))
-    started = _engine(fleet_file, "up", "--detach", "--timeout", "300")
+    ports = FleetPorts.free()
+    fleet_file = write_fleet(
+        run_dir / "fleet.yaml", name="real-vllm", run_dir=run_dir, ports=ports,
+        groups=[group(GROUP, {"model": tiny_model_dir, **CONFIG}, backend="vllm", served_model_name=SERVED)],
+        telemetry=exporting_to(live_platform.process, live_platform.keys["alpha"], grpc=True),
+        vllm={"executable": real_vllm_executable},
+        supervision={"health_interval": 0.5, "backoff_initial": 0.2, "backoff_max": 1.0, "terminate_grace": 10})
+    started = run_engine(fleet_file, "up", "--detach", "--timeout", "300", timeout=400)
     assert started.returncode == 0, started.stdout + started.stderr + _tail(run_dir)
     try:
-        yield Fleet(fleet_file, f"http://{gateway}", f"http://{control}", run_dir, live_platform, tiny_model_dir)
+        yield Fleet(str(fleet_file), f"http://127.0.0.1:{ports.gateway}", f"http://127.0.0.1:{ports.control}", run_dir,
+                    live_platform, tiny_model_dir)
     finally:
-        stopped = _engine(fleet_file, "down", timeout=180)
+        stopped = run_engine(fleet_file, "down", timeout=180)
         assert stopped.returncode == 0, stopped.stdout + stopped.stderr
 
 
@@ -176,6 +144,26 @@ def test_greedy_request_through_the_gateway_is_decomposed(fleet):
     assert row["network_ms"] > 0 and row["network_ms"] < row["e2e_ms"]
 
 
+def test_a_shared_system_prompt_hits_the_prefix_cache_on_its_second_request(fleet):
+    """The launcher starts vLLM with --enable-prompt-tokens-details: its usage says how many prompt tokens the prefix
+    cache served, whole blocks of the shared system prompt on the second request, none on the first."""
+    system = {"role": "system", "content": "You are the harbour master's assistant; answer with tide times. " * 30}
+    usages, traces = [], []
+    for question in ("When is high water?", "Which pilot boards at dawn?"):
+        trace_id, traceparent = _traceparent()
+        traces.append(trace_id)
+        usages.append(_post(fleet.gateway + "/v1/chat/completions",
+                            {"model": SERVED, "messages": [system, {"role": "user", "content": question}],
+                             "max_tokens": 4, "temperature": 0}, {"traceparent": traceparent})["usage"])
+    first, second = (usage["prompt_tokens_details"]["cached_tokens"] for usage in usages)
+    block = EngineConfig.from_dict({"model": fleet.model, **CONFIG}).resolved().block_size
+    assert first == 0 and 0 < second < usages[1]["prompt_tokens"] and second % block == 0, (usages, block)
+    # vLLM's span has no cached-token attribute: the count reaches the request row through the gateway's span.
+    rows = [_wait_rows(fleet, trace_id, _complete)[0] for trace_id in traces]
+    assert [row["cached_prompt_tokens"] for row in rows] == [first, second]
+    assert all(row["served_from"] == "engine" and row["lookup_ms"] is None for row in rows)
+
+
 def test_streaming_request_through_the_gateway_is_decomposed(fleet):
     trace_id, traceparent = _traceparent()
     request = urllib.request.Request(
@@ -237,12 +225,11 @@ def test_start_up_trace_makes_no_request_row(fleet):
 
 
 def test_metric_names_the_platform_reads_exist_on_real_vllm(fleet):
-    from alerts.diagnosis import SPEC_ACCEPTED_TOKENS, SPEC_DRAFT_TOKENS
+    from fleet.replica_metrics import SPEC_ACCEPTED_TOKENS, SPEC_DRAFT_TOKENS
     from prometheus_client.parser import text_string_to_metric_families
     from slo.prometheus import ERROR_MATCHER, HISTOGRAMS, LABEL_FOR_FILTER, SUCCESS_COUNTER, TPOT_HISTOGRAMS
 
-    from engine.config import EngineConfig
-    from engine.launcher.supervisor import LOAD_METRICS
+    from engine.launcher.managed_process import LOAD_METRICS
     from engine.replica.metrics import ReplicaMetrics
 
     _post(fleet.gateway + "/v1/completions", {"model": SERVED, "prompt": "warm", "max_tokens": 4})
@@ -271,7 +258,7 @@ def test_metric_names_the_platform_reads_exist_on_real_vllm(fleet):
 
 def test_config_change_with_requests_in_flight_then_spec_decode_metrics(fleet):
     """Drain-and-replace to n-gram speculation while requests run: none fails; the new replica speculates."""
-    from alerts.diagnosis import SPEC_ACCEPTED_TOKENS, SPEC_DRAFT_TOKENS, speculative_acceptance
+    from fleet.replica_metrics import SPEC_ACCEPTED_TOKENS, SPEC_DRAFT_TOKENS, speculative_acceptance
 
     old = fleet.replica()
     stop = threading.Event()
@@ -374,6 +361,6 @@ def _generate(registry) -> str:
 
 
 def _load(url: str) -> int:
-    from engine.launcher.supervisor import parse_load
+    from engine.launcher.managed_process import parse_load
 
     return parse_load(_metrics_text(url)) or 0

@@ -46,6 +46,7 @@ def test_completion_json_shape_and_usage(replica):
     assert usage["prompt_tokens"] == count_tokens("The capital of France is") == 5
     assert usage["completion_tokens"] == 12 == count_tokens(choice["text"])
     assert usage["total_tokens"] == 17
+    assert usage["prompt_tokens_details"] is None  # as vLLM without --enable-prompt-tokens-details
 
 
 def test_prompt_as_list_of_one_string_and_as_token_ids(replica):

@@ -81,7 +81,7 @@ def test_process_serves_exports_spans_over_otlp_http_and_stops_on_sigterm(tmp_pa
     process = subprocess.Popen(
         [sys.executable, "-m", "engine.replica", "--config", str(config_file), "--host", "127.0.0.1",
          "--port", str(port), "--group", "canary", "--served-model-name", "llama", "--seed", "3",
-         "--otlp-traces-endpoint", receiver.url],
+         "--otlp-traces-endpoint", receiver.url, "--enable-prompt-tokens-details"],
         cwd=REPO,
         env=_environment(OTEL_EXPORTER_OTLP_TRACES_PROTOCOL="http/protobuf",
                          OTEL_EXPORTER_OTLP_TRACES_HEADERS="authorization=Bearer%20ingest-key"),
@@ -102,6 +102,7 @@ def test_process_serves_exports_spans_over_otlp_http_and_stops_on_sigterm(tmp_pa
                      {"model": "llama", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3})
         assert reply.status == 200, reply.body
         request_id = reply.json()["id"]
+        assert reply.json()["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
         process.send_signal(signal.SIGTERM)
         _, stderr = process.communicate(timeout=20)
         assert process.returncode == 0, stderr
@@ -125,6 +126,7 @@ def test_process_serves_exports_spans_over_otlp_http_and_stops_on_sigterm(tmp_pa
     assert "gen_ai.response.model" not in attributes
     assert resource["llm_observatory.model"].string_value == "llama"
     assert attributes["gen_ai.latency.e2e"].double_value > 0
+    assert attributes["gen_ai.usage.cache_read.input_tokens"].WhichOneof("value") == "int_value"
     assert span.kind == 2  # SPAN_KIND_SERVER
 
 
@@ -154,3 +156,36 @@ def test_missing_config_and_bad_flags_exit_2(tmp_path):
     assert excinfo.value.code == 2
     with pytest.raises(SystemExit):
         main(["--config", "x.yaml", "--shutdown-timeout", "-1"])
+
+
+@pytest.mark.parametrize(("value", "fragment"), [
+    ("{not json", "ENGINE_SIM_HARDWARE is not JSON"),
+    ('{"hbm_bandwidth": 1}', "'hbm_bandwidth' is not a constant one may set"),
+    ('{"mfu": -0.5}', "mfu must be a non-negative number"),
+    ("[0.5]", "must be a JSON object of constants"),
+])
+def test_a_bad_hardware_override_exits_2_with_the_reason(tmp_path, value, fragment):
+    config_file = tmp_path / "engine.json"
+    config_file.write_text('{"model": "meta-llama/Llama-3.1-8B-Instruct"}')
+    done = subprocess.run([sys.executable, "-m", "engine.replica", "--config", str(config_file), "--port", "0"],
+                          cwd=REPO, env={**_environment(), "ENGINE_SIM_HARDWARE": value}, capture_output=True,
+                          text=True, timeout=30)
+    assert done.returncode == 2, done.stderr
+    assert fragment in done.stderr
+
+
+def test_a_hardware_override_replaces_the_published_constants():
+    from engine.config import EngineConfig
+    from engine.replica.app import hardware_override
+    from engine.sim.profiles import hardware_profile
+
+    config = EngineConfig(model="meta-llama/Llama-3.1-8B-Instruct", gpu_type="L4")
+    os.environ["ENGINE_SIM_HARDWARE"] = '{"mfu": 0.3, "step_overhead": 0.002}'
+    try:
+        profile = hardware_override(config)
+    finally:
+        del os.environ["ENGINE_SIM_HARDWARE"]
+    published = hardware_profile("L4")
+    assert (profile.mfu, profile.step_overhead) == (0.3, 0.002)
+    assert profile.bandwidth_efficiency == published.bandwidth_efficiency and profile.name == "L4"
+    assert hardware_override(config) is None

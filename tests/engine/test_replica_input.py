@@ -90,8 +90,9 @@ def test_body_over_the_limit_is_413():
 
 def test_unknown_routes_and_methods_answer_like_vllm(replica):
     server, _ = replica
-    assert get(server.url + "/v1/embeddings").status == 404
+    assert get(server.url + "/v1/no-such-route").status == 404
     assert get(server.url + COMPLETIONS).status == 405
+    assert get(server.url + "/v1/embeddings").status == 405  # served (the stand-in embedding model), by POST
 
 
 def test_still_serving_after_hostile_input_and_a_broken_traceparent(replica):

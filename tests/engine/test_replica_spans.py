@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from opentelemetry.trace import SpanKind
@@ -10,7 +11,9 @@ from replica_harness import MODEL, post, spans_by_request_id, start_replica, str
 
 from engine.config import EngineConfig
 from engine.replica import build_replica_tracer_provider
-from engine.sim.core import EngineCore, SimRequest
+from engine.replica.openai_api import chat_prompt_ids
+from engine.sim.core import EngineCore
+from engine.sim.request import SimRequest
 from engine.telemetry import ENGINE_CONFIG_ATTRIBUTE, REPLICA_GROUP_ATTRIBUTE, SIMULATED_ATTRIBUTE
 from engine.tokens import token_ids
 
@@ -29,7 +32,7 @@ CONFIG = EngineConfig()
 
 @pytest.fixture(scope="module")
 def replica_and_spans():
-    server, exporter = start_replica(CONFIG, group="baseline", seed=3)
+    server, exporter = start_replica(CONFIG, group="baseline", seed=3, enable_prompt_tokens_details=True)
     try:
         yield server, exporter
     finally:
@@ -64,6 +67,7 @@ def test_span_name_kind_parent_attributes_and_resource(replica_and_spans):
     assert set(attributes) == LATENCY_KEYS | {
         "gen_ai.usage.prompt_tokens",
         "gen_ai.usage.completion_tokens",
+        "gen_ai.usage.cache_read.input_tokens",
         "gen_ai.request.id",
         "gen_ai.request.max_tokens",
         "gen_ai.request.temperature",
@@ -154,6 +158,26 @@ def test_e2e_decomposes_into_overhead_queue_prefill_decode(replica_and_spans):
     assert statistics.median(overheads) < 0.05, overheads
 
 
+def test_a_shared_system_prompt_hits_the_prefix_cache_on_its_second_request(replica_and_spans):
+    """vLLM's num_cached_tokens: whole blocks of the longest cached prefix, in usage (prompt-token details on) and
+    on the span; 0 for the first request that computes them."""
+    replica, exporter = replica_and_spans
+    system = {"role": "system", "content": "You answer questions about tide tables and harbour pilots. " * 12}
+    first = {"messages": [system, {"role": "user", "content": "When is high water?"}], "max_tokens": 4}
+    second = {"messages": [system, {"role": "user", "content": "Which pilot boards at dawn?"}], "max_tokens": 4,
+              "stream": True, "stream_options": {"include_usage": True}}
+    answer = post(replica.url + "/v1/chat/completions", first).json()
+    assert answer["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
+    streamed = stream(replica.url + "/v1/chat/completions", second)
+    usage = streamed.events[-2]["usage"]
+    shared = next(i for i, (a, b) in enumerate(zip(chat_prompt_ids(first), chat_prompt_ids(second))) if a != b)
+    block = CONFIG.resolved().block_size
+    assert shared > 2 * block and usage["prompt_tokens_details"] == {"cached_tokens": shared // block * block}
+    assert _span_for(exporter, answer["id"]).attributes["gen_ai.usage.cache_read.input_tokens"] == 0
+    assert _span_for(exporter, streamed.events[0]["id"]).attributes["gen_ai.usage.cache_read.input_tokens"] == (
+        shared // block * block)
+
+
 def test_replica_tracer_provider_resource(monkeypatch):
     for name in ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_SERVICE_NAME"):
         monkeypatch.delenv(name, raising=False)
@@ -168,19 +192,40 @@ def test_replica_tracer_provider_resource(monkeypatch):
     assert build_replica_tracer_provider(CONFIG, "canary").resource.attributes["service.name"] == "vllm-canary"
 
 
-def test_engine_timestamps_follow_the_simulated_timeline_not_the_event_loop(replica_and_spans):
-    """Alone on the replica, a request gets exactly the prefill and decode times the simulator models."""
+@pytest.mark.parametrize("stall", [0.0, 0.15], ids=["undisturbed", "loop-blocked-150ms-mid-decode"])
+def test_engine_timestamps_follow_the_simulated_timeline_not_the_event_loop(replica_and_spans, stall):
+    """Alone on the replica, a request gets exactly the prefill and decode times the simulator models, plus what
+    the timeline lost when the event loop woke up too late (a loaded host; in the second case the test blocks the
+    loop for 150 ms while the request decodes), which the driver counts."""
     replica, exporter = replica_and_spans
-    prompt = "timeline check " * 120
-    resyncs_before = replica.call(lambda: replica.state.driver.timeline_resyncs)
-    result = stream(replica.url + "/v1/completions",
-                    {"prompt": prompt, "max_tokens": 30, "ignore_eos": True, "stream": True})
+    prompt = f"timeline check {stall} " * 120  # a prompt of its own: no prefix-cache hit shortens its prefill
+
+    def lag():
+        driver = replica.state.driver
+        return driver.timeline_resyncs, driver.lag_seconds_total
+
+    def decoding():
+        return any(t.released and not t.done for t in replica.state.driver.requests.values())
+
+    resyncs_before, lag_before = replica.call(lag)
+    with ThreadPoolExecutor(1) as pool:
+        reply = pool.submit(stream, replica.url + "/v1/completions",
+                            {"prompt": prompt, "max_tokens": 60, "ignore_eos": True, "stream": True})
+        if stall:
+            assert wait_until(lambda: replica.call(decoding), timeout=10, interval=0.005)
+            replica.call(lambda: time.sleep(stall))
+        result = reply.result()
     span = _span_for(exporter, result.events[0]["id"])
-    if replica.call(lambda: replica.state.driver.timeline_resyncs) != resyncs_before:
-        pytest.skip("the host was too loaded for the event loop to keep the simulated pace")
+    resyncs_after, lag_after = replica.call(lag)
+    # A loop more than MAX_LAG_SECONDS late restarts the busy engine's timeline at "now": the request's decode
+    # (its one prefill step runs before any such gap) grows by exactly those gaps, and by nothing else.
+    lost = lag_after - lag_before
+    print(f"timeline resyncs during the request: {resyncs_after - resyncs_before}, {lost * 1000:.1f} ms lost")
+    if stall:
+        assert resyncs_after > resyncs_before and lost >= stall - 0.05, (resyncs_after - resyncs_before, lost)
 
     core = EngineCore(CONFIG, seed=3)
-    alone = SimRequest("alone", len(token_ids(prompt)), 30, 0.0, prompt_token_ids=token_ids(prompt))
+    alone = SimRequest("alone", len(token_ids(prompt)), 60, 0.0, prompt_token_ids=token_ids(prompt))
     core.add_request(alone, 0.0)
     now = 0.0
     while core.has_unfinished_requests():
@@ -188,5 +233,5 @@ def test_engine_timestamps_follow_the_simulated_timeline_not_the_event_loop(repl
     a = span.attributes
     assert a["gen_ai.latency.time_in_model_prefill"] == pytest.approx(alone.first_token_time - alone.scheduled_time,
                                                                       abs=1e-6)
-    assert a["gen_ai.latency.time_in_model_decode"] == pytest.approx(alone.last_token_time - alone.first_token_time,
-                                                                     abs=1e-6)
+    assert a["gen_ai.latency.time_in_model_decode"] == pytest.approx(
+        alone.last_token_time - alone.first_token_time + lost, abs=1e-6)

@@ -12,7 +12,7 @@ import time
 import urllib.parse
 
 import pytest
-from observatory.bench.harness import PlatformProcess, free_port, free_port_pair
+from benchkit.harness import PlatformProcess, free_port, free_port_pair
 
 pytestmark = pytest.mark.mode_dependent  # the platform itself: runs in both modes
 

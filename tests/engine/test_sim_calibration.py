@@ -1,6 +1,8 @@
 """Calibration against published vLLM figures, profile lookups, and the closed-form decode series."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -104,13 +106,15 @@ def test_a_hosts_fitted_cpu_constants_replace_the_committed_ones_when_named(tmp_
     from engine.sim.profiles import CPU_CONSTANTS_ENV, UnknownProfileError, hardware_profile
 
     committed = hardware_profile("CPU")
+    gpus_before = {gpu: dataclasses.asdict(hardware_profile(gpu)) for gpu in GPU_TYPES if gpu != "CPU"}
     path = tmp_path / "cpu.json"
     path.write_text(json.dumps({"mfu": 0.25, "api_token_overhead": 4.7e-4, "api_core_share": 0.9}))
     monkeypatch.setenv(CPU_CONSTANTS_ENV, str(path))
     host = hardware_profile("CPU")
     assert (host.mfu, host.api_token_overhead, host.api_core_share) == (0.25, 4.7e-4, 0.9)
     assert host.bandwidth_efficiency == committed.bandwidth_efficiency  # the others stay
-    assert hardware_profile("H100").mfu == hardware_profile("H100").mfu  # only the CPU profile
+    # Only the CPU profile: every GPU's is what it was before the file was named.
+    assert {gpu: dataclasses.asdict(hardware_profile(gpu)) for gpu in gpus_before} == gpus_before
     for bad, words in [({"mfu": "fast"}, "mfu must be a finite number"),
                        ({"api_core_share": "half"}, "api_core_share must be a finite number"),
                        ({"warp_speed": 9}, "unknown constants warp_speed"),

@@ -8,8 +8,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.config import EngineConfig
-from engine.sim.core import EngineCore, RequestRejected, SimOptions, SimRequest
+from engine.sim.core import EngineCore
 from engine.sim.memory import SimulationConfigError
+from engine.sim.options import SimOptions
+from engine.sim.request import RequestRejected, SimRequest
 
 
 def _engine(*, blocks=None, fast=True, **knobs) -> EngineCore:

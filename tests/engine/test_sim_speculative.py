@@ -4,7 +4,9 @@ from __future__ import annotations
 import pytest
 
 from engine.config import EngineConfig, SpeculativeConfig
-from engine.sim.core import EngineCore, SimOptions, SimRequest
+from engine.sim.core import EngineCore
+from engine.sim.options import SimOptions
+from engine.sim.request import SimRequest
 from engine.sim.speculative import DEFAULT_ACCEPTANCE_RATES, AcceptanceSampler, acceptance_rates, mean_accepted
 
 K = 4

@@ -6,10 +6,11 @@ import math
 import pytest
 
 from engine.config import EngineConfig, SpeculativeConfig
-from engine.sim.core import SimOptions, SimRequest
 from engine.sim.cost_model import StepCostModel
 from engine.sim.memory import plan_memory
+from engine.sim.options import SimOptions
 from engine.sim.profiles import hardware_profile, model_profile
+from engine.sim.request import SimRequest
 from engine.sim.virtual import LatencyStats, percentile, simulate
 from engine.sim.workload import fixed_requests, poisson_sharegpt
 

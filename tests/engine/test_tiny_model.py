@@ -8,7 +8,7 @@ import pytest
 from engine import tiny_model
 from engine.config import ConfigError, EngineConfig
 from engine.launcher.cli import main
-from engine.launcher.fleet import FleetSpec
+from engine.launcher.fleet_spec import FleetSpec
 from engine.sim.profiles import model_profile
 
 

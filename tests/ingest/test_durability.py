@@ -1,7 +1,7 @@
 """Durability of ingest with real platform processes and a real chdb store.
 
-"A 2xx means durable" (DESIGN.md): whatever was acknowledged must end up in ClickHouse exactly
-once, across SIGKILL, replays of the spool, ClickHouse being unavailable, and a full spool.
+"A 2xx means durable" (docs/ingest.md, "Durability: the spool"): whatever was acknowledged must end up in
+ClickHouse exactly once, across SIGKILL, replays of the spool, ClickHouse being unavailable, and a full spool.
 
 ClickHouse is made unavailable for real by a helper process that opens the platform's chdb
 directory first: chdb lets one process open a directory, so the platform's store raises
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import grpc
 import pytest
+from benchkit.payloads import chain_batch
 from google.rpc import error_details_pb2, status_pb2
-from observatory.bench.payloads import chain_batch
 from otlp_live_helpers import (
     ChdbHolder,
     grpc_export,

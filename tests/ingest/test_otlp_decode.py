@@ -15,9 +15,9 @@ import struct
 import time
 
 import pytest
+from benchkit.payloads import chain_batch
 from ingest.limits import MalformedPayload
 from ingest.otlp import Limits, decode_protobuf
-from observatory.bench.payloads import chain_batch
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span

@@ -1,6 +1,7 @@
 """End to end with the official OpenTelemetry Python SDK as the client: spans exported over OTLP/HTTP and OTLP/gRPC
 by three tracer providers (application, gateway, vLLM engine) come back from the JSON API as one request whose
-latency decomposition matches DESIGN.md to the microsecond, and feed the latency summary and /metrics."""
+latency decomposition matches docs/decomposition.md ("The definition") to the microsecond, and feed the latency
+summary and /metrics."""
 from __future__ import annotations
 
 import datetime as dt

@@ -1,5 +1,5 @@
 """Ingest under sustained overload and at shutdown, against real platform processes (reduced scale; the
-full-scale figures are `python -m observatory.bench.overload`).
+full-scale figures are `python -m ingest.overload_bench`).
 
 - Closed-loop senders that retry refused exports keep the platform beyond what it digests: memory stays
   flat once the bounds are reached, ingest answers 503 once the backlog bound is reached, and every
@@ -15,9 +15,10 @@ import signal
 import time
 from pathlib import Path
 
+import numpy
 import pytest
-from observatory.bench.harness import PlatformProcess
-from observatory.bench.load import RssSampler, Senders
+from benchkit.harness import PlatformProcess
+from benchkit.load import RssSampler, Senders
 from otlp_live_helpers import assert_stored_exactly_once, metric_value, metrics_text, readyz, wait_for
 
 # Mode-independent (backpressure of the OTLP receiver; the database only looks the key up): CI runs each test
@@ -32,6 +33,19 @@ SMALL_BOUNDS = {
     "INGEST_SPOOL_CACHE_BYTES": str(32_000_000),
 }
 CRASH_SIGNS = ("Traceback", "Segmentation", "global_context->shutdown", "has been closed", "Fatal Python error")
+
+
+def floor_growth_mib_per_min(samples: list[tuple[float, float]], since: float, window: float = 20) -> float:
+    """How fast the floor of RSS rose after `since` seconds, MiB per minute: the 10th percentile of the samples in
+    the first and in the last `window` seconds of that span, and the change between them. RSS swings by 100-250 MiB
+    within ~15 s as inserts and chunks allocate and free (a slope over the raw samples followed the swings: one
+    late peak tilted it); memory that is kept raises the troughs too, window after window."""
+    end = samples[-1][0]
+
+    def floor(start: float) -> float:
+        return float(numpy.percentile([mib for t, mib in samples if start <= t < start + window], 10))
+
+    return (floor(end - window) - floor(since)) / (end - window - since) * 60
 
 
 def started(platform: PlatformProcess, timeout: float = 120) -> PlatformProcess:
@@ -50,8 +64,6 @@ def test_sustained_overload_keeps_memory_flat_pushes_back_and_stores_every_acked
         senders = Senders(platform.port, key, senders=4, retry_delay=0.1).start()
         worst_backlog = 0
         refusing_seen = None
-        # 90 s, the slope taken over the last 60: over a 30 s window one late level shift (1000 -> 1240 MiB at
-        # 58 s in a loaded CI run) tilted even the Theil-Sen slope past the limit.
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline:
             state = readyz(platform)
@@ -68,10 +80,15 @@ def test_sustained_overload_keeps_memory_flat_pushes_back_and_stores_every_acked
         assert refusing_seen is not None and refusing_seen["backpressure"] in ("backlog_bytes", "backlog_age")
         # The bound holds: exports are admitted one at a time against it, a few in flight at once.
         assert worst_backlog < 2 * int(SMALL_BOUNDS["INGEST_BACKLOG_MAX_BYTES"]), worst_backlog
-        # Unbounded, RSS grew ~2,500 MiB/min (41 MiB/s) here; bounded, it wobbles by ±100 MiB around a level
-        # reached in the first ~20 s (allocations come and go with each insert and chunk).
-        slope = rss.slope_mib_per_min(since_fraction=1 / 3)
-        assert slope < 360, f"RSS grew {slope:.0f} MiB/min over the last 60 s: {rss.samples[::10]}"
+        # Unbounded, RSS grew ~2,500 MiB/min (41 MiB/s) here. Bounded, it reaches ~900-1000 MiB in the first
+        # ~20 s and then swings by 100-250 MiB around a floor that still creeps up while the process warms
+        # (the 5-minute benchmark's second half: 6.6 MiB/min). Measured from 30 s to 90 s on a 2-core host shared
+        # with other test runs (load average 2-6): 68, 71 and 69 MiB/min; with two busy loops beside it (load
+        # average 8.5): 50. The bound is 2.5 times the highest. A leak of 3 MiB/s (180 MiB/min) kept by the
+        # export handler measured 268 and fails it (the Theil-Sen slope over the last 60 s this replaced, bound
+        # 360, read 270 and passed it).
+        growth = floor_growth_mib_per_min(rss.samples, since=30)
+        assert growth < 180, f"RSS's floor rose {growth:.0f} MiB/min from 30 s on: {rss.samples[::10]}"
         platform.wait_idle(120)
         assert readyz(platform)["backpressure"] is None
         lag_count = metric_value(metrics_text(platform), "observatory_ingest_queryable_lag_seconds_count")
@@ -80,7 +97,7 @@ def test_sustained_overload_keeps_memory_flat_pushes_back_and_stores_every_acked
         platform.stop(cleanup=False)
     assert_stored_exactly_once(str(Path(platform.data_dir) / "chdb"), senders.acked)
     print(f"overload: {len(senders.acked)} traces acked, {senders.refusals()} refusals, RSS peak "
-          f"{rss.peak():.0f} MiB, slope {slope:.0f} MiB/min over the last 60 s")
+          f"{rss.peak():.0f} MiB, floor growth {growth:.0f} MiB/min from 30 s on")
 
 
 @pytest.mark.parametrize("cycles", [10])

@@ -1,18 +1,25 @@
 """The API contract walked by a fuzzer: schemathesis, driven by /api/v1/openapi.json, against a live platform
-seeded with a project, requests, an SLO, an alert, a silence and a channel, in every phase (examples, coverage,
-fuzzing, and the stateful phase that follows the document's links from each creation to its reads, changes
-and deletion). It checks that no answer is a server error and that every status code, content type and body
-is the one the document declares, and it must end without failures and without warnings (a "schema
-validation mismatch" would mean the API refuses what the document allows; "missing test data", that it only
-ever answered 404).
+seeded with a project, requests, an SLO, an alert, a silence, a channel, datasets, a run, a study and a rollout, in
+every phase (examples, coverage, fuzzing, and the stateful phase that follows the document's links from each
+creation to its reads, changes and deletion). It checks that no answer is a server error and that every status
+code, content type and body is the one the document declares, and it must end without failures and without
+warnings (a "schema validation mismatch" would mean the API refuses what the document allows; "missing test data",
+that it only ever answered 404).
 
-The figures (operations, cases, failures) are printed. CI runs it once, in server mode (PostgreSQL is the stricter
-store: NUL characters, integer ranges); `make test` runs it in the mode it is given.
+Creations and the operations that use up what they act on are walked in every phase too: hooks in the fuzzer's
+process (api_fuzz_hooks.py) write into each creation the names of what exists (a dataset, a replica group), give
+each deletion, cancellation and rollout control an object of its own in a state it acts on, and undo every
+creation as it is answered (a run or a study cancelled, a rollout aborted). The platform runs no worker, so
+nothing a creation queues ever starts (a replay, a study's trials, a rollout's ticks). The hooks log every case:
+the test fails below a floor of operations and cases per phase, and prints the figures.
+
+CI runs it once, in server mode (PostgreSQL is the stricter store: NUL characters, integer ranges); the figures
+and so the floor are the same in embedded mode, which `make test` runs when it is given no database.
 """
 from __future__ import annotations
 
 import json
-import re
+import os
 import subprocess
 import sys
 import textwrap
@@ -21,13 +28,27 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from observatory.bench.payloads import ChainTemplate
+from benchkit.harness import free_port
+from benchkit.payloads import ChainTemplate
 from otlp_live_helpers import post_traces
 
-# The API document walked against one platform: one CI suite (tests/conftest.py), the server one.
+# The API document walked against one platform: one CI suite (tests/conftest.py), the server one (a second, in
+# embedded mode, would add its ~3 minutes to a CI run near its limit for the same figures).
 pytestmark = pytest.mark.one_suite(suite="server")
 
 CHECKS = "not_a_server_error,status_code_conformance,content_type_conformance,response_schema_conformance"
+PHASES = ("examples", "coverage", "fuzzing", "stateful")
+HOOKS = Path(__file__).with_name("api_fuzz_hooks.py")
+# What the creations name (the hooks write them into the bodies the fuzzer generates).
+NAMES = {"dataset": "fuzz-replay", "study_group": "baseline", "rollout_group": "fuzz-new",
+         "control_group": "fuzz-control", "doomed_slo": "fuzz-doomed"}
+# The floor. The examples, coverage and fuzzing phases walk every operation of the document (48, at least
+# MIN_OPERATIONS); the stateful phase, what the links (declared and inferred) lead to from where its scenarios
+# start: at least MIN_STATEFUL_OPERATIONS. At least MIN_CASES cases per phase. Measured in both modes, the same
+# (seed 19): examples 48 operations and 154 cases, coverage 48 and 5,729, fuzzing 48 and 635, stateful 33 and 135.
+MIN_OPERATIONS = 48
+MIN_STATEFUL_OPERATIONS = 28
+MIN_CASES = {"examples": 140, "coverage": 5200, "fuzzing": 570, "stateful": 110}
 
 
 def call(platform, method: str, path: str, token: str, body: dict | None = None) -> tuple[int, dict]:
@@ -41,11 +62,31 @@ def call(platform, method: str, path: str, token: str, body: dict | None = None)
         return exc.code, json.loads(exc.read() or b"{}")
 
 
+def fleet_file(directory: Path) -> Path:
+    """The fleet the platform takes its replica groups from. No controller runs (no control token in its run
+    directory: nothing is ever asked of one), so creations check their group against this file: the seeded study
+    and rollout change baseline, the fuzzer's rollouts fuzz-new, and the controls act on rollouts of fuzz-control."""
+    groups = "".join(f"  - {{name: {name}, weight: {weight}, replicas: 1, backend: simulator, "
+                     f"config: {{model: meta-llama/Llama-3.1-8B-Instruct}}}}\n"
+                     for name, weight in (("baseline", 80), (NAMES["rollout_group"], 10), (NAMES["control_group"], 10)))
+    path = directory / "fleet.yaml"
+    path.write_text(f"name: fuzz\nrun_dir: {directory / 'engine'}\ncontrol: {{bind: \"127.0.0.1:{free_port()}\"}}\n"
+                    f"gateway: {{bind: \"127.0.0.1:{free_port()}\"}}\ngroups:\n{groups}")
+    return path
+
+
 @pytest.fixture(scope="module")
 def seeded(module_platform_factory, tmp_path_factory):
+    directory = tmp_path_factory.mktemp("fuzz")
     # Schemathesis sends requests without a token on purpose (the coverage phase): no lockout of its address.
-    platform = module_platform_factory(extra_env={"API_AUTH_FAILURE_LIMIT": "100000000"},
-                                       data_dir=str(tmp_path_factory.mktemp("fuzz") / "data"))
+    # No worker: what a creation queues (a replay, a study's trials, a rollout's ticks) never starts, so the API
+    # alone changes what the fuzzer reads, and each creation is undone (cancelled, aborted) as it is answered.
+    # A calibration needs no traffic here (the fuzzer's creations must be answered, and no worker fits them).
+    platform = module_platform_factory(extra_env={"API_AUTH_FAILURE_LIMIT": "100000000",
+                                                  "OBSERVATORY_INPROCESS_WORKER": "0",
+                                                  "TUNING_CALIBRATION_MIN_REQUESTS": "0",
+                                                  "ENGINE_FLEET": str(fleet_file(directory))},
+                                       data_dir=str(directory / "data"))
     token = platform.process.manage("create_api_token", "--user", "fuzz", "--role", "admin", "--project", "alpha")
     body, trace_ids = ChainTemplate(traces=5).batch()
     status, _, _ = post_traces(platform.process, platform.keys["alpha"], body)
@@ -60,57 +101,58 @@ def seeded(module_platform_factory, tmp_path_factory):
     status, channel = call(platform, "POST", "/api/v1/channels", token,
                            {"name": "seeded", "kind": "webhook", "url": "https://hooks.example.com/observatory"})
     assert status == 201, channel
-    fingerprint = platform.process.manage("shell", "-c", textwrap.dedent("""
-        import hashlib
+    # Two datasets: one whose versions the fuzzer makes (items upserted, deleted, replaced), one that runs replay.
+    for name in ("fuzz-set", NAMES["dataset"]):
+        status, dataset = call(platform, "POST", "/api/v1/datasets", token,
+                               {"name": name, "items": [{"id": "a", "prompt": "Hello"}, {"id": "b", "prompt": "Hi"}]})
+        assert status == 201, dataset
+    # What the API cannot make: a firing alert; a run whose target is not there (queued: the reads and the cancel
+    # answer for it); a study of baseline (queued: one trial, no confirmation); a rollout of baseline waiting at
+    # its approval step (which only a worker's tick reaches), with one analysis to read. One shell: each costs a
+    # Django start.
+    ids = platform.process.manage("shell", "-c", textwrap.dedent("""
+        import hashlib, json
         from django.utils import timezone
         from alerts.models import Alert
+        from regressions import service as regressions
+        from rollouts import service as rollouts
+        from rollouts.models import RolloutAnalysis
+        from rollouts.transitions import transition
         from slo.models import SLO
+        from tenancy.models import Project
+        from tuning import service as tuning
+        from tuning.models import EngineModel
+        alpha = Project.objects.get(name="alpha")
         slo = SLO.objects.get(name="fuzz-ttft")
         fingerprint = hashlib.sha256(b"fuzz").hexdigest()
         Alert.objects.create(project_id=slo.project_id, kind="slo_burn", severity="page", state="firing",
                              fingerprint=fingerprint, slo=slo, labels={"slo": slo.name, "severity": "page"},
                              started_at=timezone.now(), fired_at=timezone.now(), episode=1)
-        print(fingerprint)
-    """)).splitlines()[-1]
-    status, dataset = call(platform, "POST", "/api/v1/datasets", token,
-                           {"name": "fuzz-set", "items": [{"id": "a", "prompt": "Hello"}, {"id": "b", "prompt": "Hi"}]})
-    assert status == 201, dataset
-    # A run (its target is not there: it ends in error, which the reads and the cancel still answer for).
-    run_id = platform.process.manage("shell", "-c", textwrap.dedent("""
-        from regressions import service
-        from tenancy.models import Project
-        run = service.create_run(Project.objects.get(name="alpha"), dataset="fuzz-set", target="http://127.0.0.1:9/v1",
-                                 check=False, enqueue=False)
-        print(run.id)
-    """)).splitlines()[-1]
-    # A tuning study of the default fleet file's group (queued; one trial, no confirmation, when a worker takes it).
-    study_id = platform.process.manage("shell", "-c", textwrap.dedent("""
-        from tuning import service
-        from tenancy.models import Project
-        study = service.create_study(Project.objects.get(name="alpha"), group="baseline", workload="synthetic:chat",
-                                     trials=1, confirm=False, enqueue=False)
-        print(study.id)
-    """)).splitlines()[-1]
-    # A rollout of the same group (no fleet runs: it pauses when its beat finds none), with one analysis to read.
-    rollout_id, analysis_id = platform.process.manage("shell", "-c", textwrap.dedent("""
-        from django.utils import timezone
-        from rollouts import service
-        from rollouts.models import RolloutAnalysis
-        from tenancy.models import Project
-        rollout = service.create_rollout(Project.objects.get(name="alpha"), group="baseline",
-                                         config={"max_num_seqs": 64}, plan={"steps": ["approval"]})
+        run = regressions.create_run(alpha, dataset="fuzz-replay", target="http://127.0.0.1:9/v1", check=False,
+                                     enqueue=False)
+        study = tuning.create_study(alpha, group="baseline", workload="synthetic:chat", trials=1, confirm=False,
+                                    enqueue=False)
+        model = EngineModel.objects.create(project=alpha, group="baseline", config_version="cfg-seeded",
+                                           window_start=timezone.now(), window_end=timezone.now(), state="fitted",
+                                           base_profile="H100", constants={"mfu": 0.5},
+                                           held_out_error={"ttft_ms_p50": 0.02, "tpot_ms_p50": -0.01})
+        rollout = rollouts.create_rollout(alpha, group="baseline", config={"max_num_seqs": 64},
+                                          plan={"steps": ["approval"]})
+        rollout = transition(rollout, to_state="progressing", action="started", step=0,
+                             reason="seeded at its approval step", step_started_at=timezone.now())
         analysis = RolloutAnalysis.objects.create(rollout=rollout, step=0, since=timezone.now(), until=timezone.now(),
                                                   verdict="inconclusive", summary="seeded", figures={"metrics": []})
-        print(rollout.id, analysis.id)
-    """)).splitlines()[-1].split()
+        print(json.dumps({"fingerprint": fingerprint, "run": run.id, "study": study.id, "rollout": rollout.id,
+                          "analysis": analysis.id, "model": model.id}))
+    """)).splitlines()[-1]
     yield {"platform": platform, "token": token, "trace_id": trace_ids[0], "slo": slo["name"],
-           "silence": silence["silence"]["id"], "channel": channel["channel"]["id"], "fingerprint": fingerprint,
-           "dataset": "fuzz-set", "run": int(run_id), "study": int(study_id), "rollout": int(rollout_id),
-           "analysis": int(analysis_id)}
+           "silence": silence["silence"]["id"], "channel": channel["channel"]["id"], "dataset": "fuzz-set",
+           **json.loads(ids)}
 
 
 def config(seeded: dict, path: Path) -> Path:
-    """schemathesis.toml: the seeded objects' ids for the operations that read one, warnings fail the run."""
+    """schemathesis.toml: the seeded objects' ids for the operations that read one, an example generated for the
+    operations the document gives none (the examples phase walks every operation), warnings fail the run."""
     by_operation = {
         "traces_api_requests_view": {"query.trace_id": seeded["trace_id"]},
         "slo_api_read_slo": {"path.name": seeded["slo"]},
@@ -126,6 +168,8 @@ def config(seeded: dict, path: Path) -> Path:
         "regressions_api_read_dataset": {"path.name": seeded["dataset"]},
         "regressions_api_create_version": {"path.name": seeded["dataset"]},
         "regressions_api_read_run": {"path.run_id": seeded["run"]},
+        # Outside the stateful phase the hooks give the cancellations and the rollout controls (but approve: the
+        # seeded rollout waits at its approval step) an object in a state each acts on.
         "regressions_api_cancel_run": {"path.run_id": seeded["run"]},
         "regressions_api_read_comparison": {"path.run_id": seeded["run"]},
         "regressions_api_read_results": {"path.run_id": seeded["run"]},
@@ -133,63 +177,65 @@ def config(seeded: dict, path: Path) -> Path:
         "tuning_api_list_trials": {"path.study_id": seeded["study"]},
         "tuning_api_cancel_study": {"path.study_id": seeded["study"]},
         "tuning_api_propose": {"path.study_id": seeded["study"]},
+        "tuning_api_read_model": {"path.model_id": seeded["model"]},
         "rollouts_api_read_rollout": {"path.rollout_id": seeded["rollout"]},
         "rollouts_api_read_analysis": {"path.rollout_id": seeded["rollout"], "path.analysis_id": seeded["analysis"]},
+        **{f"rollouts_api_{control}": {"path.rollout_id": seeded["rollout"]}
+           for control in ("pause", "resume", "approve", "promote", "abort", "retry")},
     }
     # The project is a tenant's id like the others: a generated one is another tenant's (404, tested elsewhere).
-    lines = ['parameters = { "query.project" = "alpha" }', "", "[warnings]", "fail-on = true", ""]
+    lines = ['parameters = { "query.project" = "alpha" }', "phases.examples.fill-missing = true", "",
+             "[warnings]", "fail-on = true", ""]
     for operation, parameters in by_operation.items():
         parameters = {"query.project": "alpha", **parameters}
         lines += ["[[operations]]", f'include-operation-id = "{operation}"',
                   "parameters = { " + ", ".join(f'"{k}" = {json.dumps(v)}' for k, v in parameters.items()) + " }", ""]
-    # Deleting an SLO is walked in the stateful phase, on the SLOs its creations made (the seeded one is read
-    # by the other operations; a generated name is 404, which is no test of the deletion).
-    lines += ["[[operations]]", 'include-operation-id = "slo_api_delete_slo"', 'parameters = { "query.project" = "alpha" }',
-              "phases.examples.enabled = false", "phases.coverage.enabled = false", "phases.fuzzing.enabled = false", ""]
-    # Starting a regression run needs a target that answers (probed before the run is created): a generated
-    # target never does, so every generated body is refused (400) and the fuzzer would call the document looser
-    # than the API. Its input checks are tested in tests/regressions (bad targets, versions, gates, options).
-    lines += ["[[operations]]", 'include-operation-id = "regressions_api_create_run"',
-              'parameters = { "query.project" = "alpha" }', "phases.coverage.enabled = false",
-              "phases.fuzzing.enabled = false", "phases.stateful.enabled = false", ""]
-    # Starting a tuning study needs a replica group of the fleet: a generated name never is one, so every generated
-    # body is refused (400). Its input checks are tested in tests/tuning (space, workload, group, SLO, tenancy).
-    lines += ["[[operations]]", 'include-operation-id = "tuning_api_create_study"',
-              'parameters = { "query.project" = "alpha" }', "phases.coverage.enabled = false",
-              "phases.fuzzing.enabled = false", "phases.stateful.enabled = false", ""]
-    # A rollout's controls change its state: the first abort ends it, and every later pause, abort or promote is a
-    # 409 by design, which generated bodies cannot change. Examples and the stateful phase walk them; their input
-    # checks and states are tested in tests/rollouts.
-    for control in ("pause", "resume", "approve", "promote", "abort", "retry"):
-        lines += ["[[operations]]", f'include-operation-id = "rollouts_api_{control}"',
-                  "parameters = { " + f'"query.project" = "alpha", "path.rollout_id" = {seeded["rollout"]}' + " }",
-                  "phases.coverage.enabled = false", "phases.fuzzing.enabled = false", ""]
-    # Starting a rollout needs a replica group of the fleet too; its input checks are tested in tests/rollouts.
-    lines += ["[[operations]]", 'include-operation-id = "rollouts_api_create_rollout"',
-              'parameters = { "query.project" = "alpha" }', "phases.coverage.enabled = false",
-              "phases.fuzzing.enabled = false", "phases.stateful.enabled = false", ""]
     path.write_text("\n".join(lines))
     return path
 
 
+def walked(ledger: Path) -> tuple[dict[str, dict[str, int]], list[str]]:
+    """From the hooks' ledger: cases per operation per phase, and what the hooks could not set up or undo."""
+    cases: dict[str, dict[str, int]] = {phase: {} for phase in PHASES}
+    problems = []
+    for line in ledger.read_text().splitlines():
+        entry = json.loads(line)
+        if "problem" in entry:
+            problems.append(entry["problem"])
+        else:
+            per_operation = cases.setdefault(entry["phase"], {})
+            per_operation[entry["operation"]] = per_operation.get(entry["operation"], 0) + 1
+    return cases, problems
+
+
 def test_schemathesis_finds_no_failure_and_no_warning_in_any_phase(seeded, tmp_path):
     platform = seeded["platform"]
-    report = tmp_path / "report.json"
+    ledger = tmp_path / "ledger.jsonl"
     command = [
         sys.executable, "-m", "schemathesis.cli", "--config-file", str(config(seeded, tmp_path / "schemathesis.toml")),
         "run", platform.url + "/api/v1/openapi.json",
         "--header", f"Authorization: Bearer {seeded['token']}",
-        "--checks", CHECKS, "--phases", "examples,coverage,fuzzing,stateful",
+        "--checks", CHECKS, "--phases", ",".join(PHASES),
         "--max-examples", "25", "--seed", "19", "--workers", "1", "--no-color",
-        "--request-timeout", "30", "--report", "json", "--report-json-path", str(report),
-        "--generation-database", "none",
+        "--request-timeout", "30", "--generation-database", "none",
     ]
+    env = {**os.environ, "SCHEMATHESIS_HOOKS": str(HOOKS), "FUZZ_API": platform.url, "FUZZ_TOKEN": seeded["token"],
+           "FUZZ_LEDGER": str(ledger), "FUZZ_NAMES": json.dumps(NAMES)}
     started = time.monotonic()
-    out = subprocess.run(command, capture_output=True, text=True, timeout=1800)
+    out = subprocess.run(command, capture_output=True, text=True, timeout=1800, env=env)
     took = time.monotonic() - started
     text = out.stdout + out.stderr
-    summary = re.findall(r"(\d+) (passed|failed|errors?|skipped)", text)
-    cases = re.search(r"Test cases:\s*\n?\s*([0-9,]+) generated", text)
-    print(f"schemathesis: exit {out.returncode} in {took:.0f}s; {summary}; cases: {cases.group(1) if cases else '?'}")
+    cases, problems = walked(ledger)
+    print(f"schemathesis: exit {out.returncode} in {took:.0f}s; operations and cases per phase: "
+          + "; ".join(f"{phase} {len(cases[phase])}, {sum(cases[phase].values())}" for phase in PHASES))
     assert out.returncode == 0, text[-12000:]
     assert "Schema validation mismatch" not in text and "Missing test data" not in text, text[-8000:]
+    assert not problems, problems
+    _, document = call(platform, "GET", "/api/v1/openapi.json", seeded["token"])
+    operations = {o["operationId"] for methods in document["paths"].values() for o in methods.values()}
+    assert len(operations) >= MIN_OPERATIONS, sorted(operations)
+    for phase in ("examples", "coverage", "fuzzing"):
+        assert set(cases[phase]) == operations, (phase, "not walked:", sorted(operations - set(cases[phase])))
+    assert len(cases["stateful"]) >= MIN_STATEFUL_OPERATIONS, ("stateful", sorted(cases["stateful"]))
+    for phase in PHASES:
+        assert sum(cases[phase].values()) >= MIN_CASES[phase], (phase, cases[phase])

@@ -137,6 +137,41 @@ def test_oversized_headers_get_431(server):
     assert read_response(sock).startswith(b"HTTP/1.1 431")
 
 
+@pytest.mark.parametrize("pace", ["flood", "trickle"])
+def test_a_client_still_sending_after_a_431_reads_it_and_is_closed_within_the_linger(server, pace):
+    """The answer and the server's FIN come at once; what the client sends afterwards is dropped for a bounded
+    time (2 s) or number of bytes, then the connection closes: a client that never stops cannot keep it."""
+    sock = raw(server.port)
+    sock.sendall(b"POST /v1/traces HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + b"a" * 100_000)
+    stop = threading.Event()
+    cut_off = threading.Event()
+
+    def keep_sending():
+        while not stop.is_set():
+            try:
+                sock.send(b"a" * 65536 if pace == "flood" else b"a")
+            except OSError:
+                cut_off.set()
+                return
+            if pace == "trickle":
+                time.sleep(0.05)
+
+    threading.Thread(target=keep_sending, daemon=True).start()
+    started = time.monotonic()
+    head = b""
+    while b"\r\n\r\n" not in head or not _complete(head):
+        data = sock.recv(65536)
+        assert data, head
+        head += data
+    assert head.startswith(b"HTTP/1.1 431") and head.endswith(b"\r\n\r\nRequest Header Fields Too Large\n")
+    assert sock.recv(10) == b""  # FIN right after the answer
+    assert time.monotonic() - started < 1
+    assert cut_off.wait(6), "the server never closed a connection that kept sending"
+    stop.set()
+    sock.close()
+    assert post(server.port, "/x", b"ok") == (200, b"2 2 /x")
+
+
 def test_a_body_that_arrives_too_slowly_gets_408(server):
     sock = raw(server.port)
     sock.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n" + b"a" * 10)

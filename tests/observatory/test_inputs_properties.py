@@ -1,4 +1,4 @@
-"""Properties of the API's input types (observatory.inputs) that a JSON Schema cannot state, checked with
+"""Properties of the API's input types (apikit.inputs) that a JSON Schema cannot state, checked with
 hypothesis: integers are ASCII digits only (Unicode digits, signs, spaces and separators are refused, never an
 exception), text refuses lone surrogates, NUL and control characters, durations and times of any size are
 refused or bounded (never an OverflowError). Every refusal is a pydantic ValidationError, which the API turns
@@ -10,9 +10,9 @@ import string
 import unicodedata
 
 import pytest
+from apikit.inputs import EARLIEST, LATEST, Duration, QueryInt, Text, Time
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from observatory.inputs import EARLIEST, LATEST, Duration, QueryInt, Text, Time
 from pydantic import TypeAdapter, ValidationError
 
 LIMIT = TypeAdapter(QueryInt(1, 500))

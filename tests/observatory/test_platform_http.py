@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from observatory.bench.payloads import ChainTemplate
+from benchkit.payloads import ChainTemplate
 from otlp_live_helpers import assert_stored_exactly_once, readyz
 
 

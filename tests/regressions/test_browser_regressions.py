@@ -7,63 +7,22 @@ Screenshots go to $OBSERVATORY_SCREENSHOTS (default: the test's temporary direct
 from __future__ import annotations
 
 import json
-import os
 import re
-from pathlib import Path
 
 import pytest
+from browser_support import dashboard_login, logged_in_page
 
 # Pages in a browser: run in one CI suite (tests/conftest.py).
 pytestmark = pytest.mark.one_suite(suite="server")
 
-playwright_api = pytest.importorskip("playwright.sync_api")
-
-
-def _password(output: str) -> str:
-    match = re.search(r"password '([^']+)'", output)
-    assert match, output
-    return match.group(1)
-
-
-@pytest.fixture(scope="module")
-def browser(chromium_executable):
-    with playwright_api.sync_playwright() as p:
-        instance = p.chromium.launch(executable_path=chromium_executable, args=["--no-sandbox"])
-        yield instance
-        instance.close()
-
-
-@pytest.fixture(scope="module")
-def shots(tmp_path_factory) -> Path:
-    directory = Path(os.environ.get("OBSERVATORY_SCREENSHOTS") or tmp_path_factory.mktemp("screenshots"))
-    directory.mkdir(parents=True, exist_ok=True)
-    return directory
-
 
 @pytest.fixture(scope="module")
 def passwords(live):
-    return {role: _password(live.process.manage("dashboard_login", "--user", f"reg-{role}", "--project", "default",
-                                                "--role", role))
-            for role in ("operator", "viewer")}
-
-
-def session(browser, live, user: str, password: str):
-    context = browser.new_context(viewport={"width": 1400, "height": 1000})
-    page = context.new_page()
-    errors: list[str] = []
-    page.on("pageerror", lambda error: errors.append(f"page error: {error}"))
-    page.on("console", lambda m: errors.append(f"console: {m.text}") if m.type == "error" else None)
-    page.goto(live.process.url + "/accounts/login/")
-    page.fill("#id_username", user)
-    page.fill("#id_password", password)
-    page.click("main button[type=submit]")
-    page.wait_for_load_state("networkidle")
-    assert not page.url.endswith("/accounts/login/")
-    return context, page, errors
+    return {role: dashboard_login(live.process, f"reg-{role}", role) for role in ("operator", "viewer")}
 
 
 def test_import_run_and_read_a_comparison_in_the_browser(browser, live, passwords, shots, tmp_path):
-    context, page, errors = session(browser, live, "reg-operator", passwords["operator"])
+    context, page, errors = logged_in_page(browser, live.process.url, "reg-operator", passwords["operator"])
     url = live.process.url
     page.goto(url + "/regressions/")
     page.wait_for_load_state("networkidle")
@@ -142,7 +101,7 @@ def test_import_run_and_read_a_comparison_in_the_browser(browser, live, password
 
 
 def test_a_viewer_sees_no_forms_and_cannot_start_a_run(browser, live, passwords):
-    context, page, errors = session(browser, live, "reg-viewer", passwords["viewer"])
+    context, page, errors = logged_in_page(browser, live.process.url, "reg-viewer", passwords["viewer"])
     page.goto(live.process.url + "/regressions/")
     page.wait_for_load_state("networkidle")
     assert page.locator("form.run-form").count() == 0 and page.locator("form.import-form").count() == 0

@@ -41,3 +41,13 @@ def test_a_resumed_plan_starts_each_phase_at_its_first_unsent_request():
     assert left[0].offset == 0.0 and left[0].phase == 0
     assert (left[1].arm, left[1].phase, left[1].offset) == ("candidate", 1, 0.0)  # then the whole candidate arm
     assert [s.offset for s in left[1:]] == pytest.approx([s.offset - slots[3].offset for s in slots[3:]])
+
+
+def test_a_cache_sweep_adds_a_pass_per_threshold_each_item_once_in_order():
+    slots = runner.plan(ITEMS, {"rate": 2.0, "seed": 1, "warmup": 1, "repetitions": 2,
+                                "cache_sweep": {"thresholds": [0.8, 0.95], "max_false_hit_rate": 1.0}}, paired=False)
+    replay, sweep = slots[:7], slots[7:]
+    assert {(s.arm, s.phase, s.in_order) for s in replay} == {("candidate", 0, False)}
+    assert [(s.arm, s.phase, s.item["id"], s.repetition, s.warmup, s.offset, s.in_order) for s in sweep] == [
+        (arm, phase, f"i{n}", 0, False, 0.0, True) for arm, phase in (("t0.8", 1), ("t0.95", 2)) for n in range(3)]
+    assert [s.seq for s in slots] == list(range(len(slots)))

@@ -3,43 +3,28 @@ its requests are decomposed from vLLM's own llm_request spans (queue, prefill, d
 outputs scored. Skipped without vLLM unless OBSERVATORY_REQUIRE_VLLM=1 (CI's embedded-mode suite)."""
 from __future__ import annotations
 
-import subprocess
-import sys
+import os
 import time
-from pathlib import Path
 
 import pytest
-import yaml
-from observatory.bench.harness import free_port
-
-REPO = Path(__file__).resolve().parents[2]
+from fleet_support import FleetPorts, exporting_to, group, run_engine, write_fleet
 
 
 @pytest.fixture(scope="module")
 def vllm_fleet(real_vllm_executable, live, tiny_model_dir, tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("regression-vllm")
-    gateway = f"127.0.0.1:{free_port()}"
-    spec = {
-        "name": "regression-vllm", "run_dir": str(run_dir), "gateway": {"bind": gateway},
-        "control": {"bind": f"127.0.0.1:{free_port()}"},
-        "replicas": {"host": "127.0.0.1", "base_port": free_port()},
-        "vllm": {"executable": real_vllm_executable},
-        "telemetry": {"otlp_endpoint": f"127.0.0.1:{live.process.grpc_port}", "otlp_protocol": "grpc",
-                      "otlp_headers": {"authorization": f"Bearer {live.keys['default']}"}},
-        "groups": [{"name": "real", "weight": 100, "replicas": 1, "backend": "vllm", "served_model_name": "tiny-llama",
-                    "config": {"model": tiny_model_dir, "gpu_type": "CPU", "max_num_seqs": 8,
-                               "kv_cache_memory_bytes": 32 * 1024 * 1024}}],
-    }
-    fleet_file = run_dir / "fleet.yaml"
-    fleet_file.write_text(yaml.safe_dump(spec))
-    command = [sys.executable, "-m", "engine"]
-    started = subprocess.run([*command, "up", "--fleet", str(fleet_file), "--detach", "--timeout", "300"], cwd=REPO,
-                             capture_output=True, text=True, timeout=400)
+    ports = FleetPorts.free()
+    config = {"model": tiny_model_dir, "gpu_type": "CPU", "max_num_seqs": 8, "kv_cache_memory_bytes": 32 * 1024 * 1024}
+    fleet_file = write_fleet(run_dir / "fleet.yaml", name="regression-vllm", run_dir=run_dir, ports=ports,
+                             groups=[group("real", config, backend="vllm", served_model_name="tiny-llama")],
+                             telemetry=exporting_to(live.process, live.keys["default"], grpc=True),
+                             vllm={"executable": real_vllm_executable})
+    started = run_engine(fleet_file, "up", "--detach", "--timeout", "300", timeout=400, env=os.environ)
     assert started.returncode == 0, started.stdout + started.stderr
     try:
-        yield f"http://{gateway}/v1"
+        yield f"http://127.0.0.1:{ports.gateway}/v1"
     finally:
-        subprocess.run([*command, "down", "--fleet", str(fleet_file)], cwd=REPO, capture_output=True, timeout=180)
+        run_engine(fleet_file, "down", env=os.environ)
 
 
 def test_a_run_against_real_vllm_is_decomposed_and_scored(live, vllm_fleet):

@@ -7,97 +7,51 @@ In server mode the platform gets a PostgreSQL database of its own."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
-import os
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
-from observatory.bench.harness import PlatformProcess, free_port, free_port_pair
-from otlp_live_helpers import _drop_database, _server_mode_database
+from fleet_support import FleetPlatform, closed_with_directory, group, open_fleet_platform, run_engine
+
+HERE = Path(__file__).resolve().parent
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "notify"))
 
 BASE_CONFIG = {"model": "meta-llama/Llama-3.1-8B-Instruct", "gpu_type": "H100", "tensor_parallel_size": 1,
                "max_num_seqs": 48, "max_num_batched_tokens": 256}
-FLEET = """\
-name: rollout-test
-run_dir: {run_dir}
-gateway:
-  bind: 127.0.0.1:{gateway}
-control:
-  bind: 127.0.0.1:{control}
-replicas:
-  host: 127.0.0.1
-  base_port: {replicas}
-{vllm}telemetry:
-  otlp_endpoint: {otlp_endpoint}
-  otlp_protocol: {otlp_protocol}
-  otlp_headers:
-    authorization: "Bearer {key}"
-groups:
-{groups}
-"""
-SIMULATED_GROUP = """\
-  - name: base
-    weight: 100
-    replicas: 1
-    backend: simulator
-    seed: 7
-    config: {config}
-"""
-VLLM_GROUP = """\
-  - name: base
-    weight: 100
-    replicas: 1
-    backend: vllm
-    served_model_name: tiny-llama
-    config: {config}
-"""
 # Poisson arrivals through the gateway: long-ish prompts for the simulated H100 (a small token budget hurts them),
 # short ones for the tiny model on CPU.
 SIMULATED_LOAD = {"rate": 4.0, "input_len": "300:1500", "output_len": "50:150"}
 VLLM_LOAD = {"rate": 6.0, "input_len": "20:80", "output_len": "16:48", "model": "tiny-llama"}
 
 
-class World:
-    def __init__(self, root: Path, process: PlatformProcess, fleet_file: Path, gateway: int, admin: str,
-                 operator: str, viewer: str, base_config: dict, load: dict):
-        self.root = root
-        self.process = process
-        self.fleet_file = fleet_file
-        self.gateway = gateway
-        self.admin = admin
-        self.operator = operator
-        self.viewer = viewer
-        self.base_config = dict(base_config)
-        self.load_spec = dict(load)
-        self.load: subprocess.Popen | None = None
-        self._load_seed = 0
+@dataclasses.dataclass(eq=False)
+class World(FleetPlatform):
+    base_config: dict = dataclasses.field(default_factory=dict)
+    load_spec: dict = dataclasses.field(default_factory=dict)
+    load: subprocess.Popen | None = None
+    load_seed: int = 0
 
-    # -- the API and the CLI
-    def api(self, method: str, path: str, body=None, token: str | None = None) -> tuple[int, dict]:
-        data = None if body is None else json.dumps(body).encode()
-        request = urllib.request.Request(self.process.url + path, data=data, method=method, headers={
-            "Authorization": f"Bearer {token or self.admin}", "Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(request, timeout=60) as response:
-                return response.status, json.loads(response.read() or b"{}")
-        except urllib.error.HTTPError as exc:
-            return exc.code, json.loads(exc.read() or b"{}")
+    # -- the API tokens (project default), the CLI and the fleet
+    @property
+    def admin(self) -> str:
+        return self.tokens["root"]
 
-    def cli(self, *args: str, timeout: float = 120) -> tuple[int, str, str]:
-        out = subprocess.run([sys.executable, str(ROOT / "manage.py"), *args], env=self.process.env,
-                             capture_output=True, text=True, timeout=timeout)
-        return out.returncode, out.stdout, out.stderr
+    @property
+    def operator(self) -> str:
+        return self.tokens["ops"]
+
+    @property
+    def viewer(self) -> str:
+        return self.tokens["eve"]
 
     def engine(self, *args: str, timeout: float = 180) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "engine", *args, "--fleet", str(self.fleet_file)],
-                              env=self.process.env, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+        return run_engine(self.fleet_file, *args, timeout=timeout, env=self.process.env)
 
     def fleet(self) -> dict:
         result = self.engine("status", "--json", timeout=30)
@@ -111,14 +65,14 @@ class World:
     # -- the load
     def start_load(self) -> None:
         self.stop_load()
-        self._load_seed += 1
+        self.load_seed += 1
         spec = self.load_spec
-        log = open(self.root / f"load-{self._load_seed}.log", "wb")
+        log = open(self.root / f"load-{self.load_seed}.log", "wb")
         self.load = subprocess.Popen(
             [sys.executable, "-m", "engine.loadgen", "--base-url", f"http://127.0.0.1:{self.gateway}/v1",
              "--arrival", "poisson", "--rate", str(spec["rate"]), "--duration", "3600", "--quiet", "--timeout",
              "120", "--input-len", spec["input_len"], "--output-len", spec["output_len"],
-             *(["--model", spec["model"]] if spec.get("model") else []), "--seed", str(self._load_seed)],
+             *(["--model", spec["model"]] if spec.get("model") else []), "--seed", str(self.load_seed)],
             env=self.process.env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
         log.close()
 
@@ -166,54 +120,33 @@ class World:
 
 
 @contextlib.contextmanager
-def open_world(root: Path, groups: str, base_config: dict, load: dict, vllm_executable: str | None = None):
-    """A platform, a fleet controller of its own with ``groups`` (YAML), and a load through its gateway."""
-    database = _server_mode_database()
-    process = PlatformProcess(
-        data_dir=str(root / "data"), grpc=vllm_executable is not None,  # vLLM exports its spans over gRPC only
-        extra_env={**({"DATABASE_URL": database[1]} if database else {}),
-                   "ROLLOUTS_SWEEP_INTERVAL_SECONDS": "1", "ROLLOUTS_FLEET_GRACE_SECONDS": "20",
-                   "ROLLOUTS_TICK_LEASE_SECONDS": "20",
-                   "REGRESSIONS_SWEEP_INTERVAL_SECONDS": "2", "REGRESSIONS_QUEUED_GRACE_SECONDS": "3",
-                   "NOTIFY_ALLOW_PRIVATE_DESTINATIONS": "127.0.0.1:1024-65535",
-                   "NOTIFY_DELIVER_INTERVAL_SECONDS": "1"})
-    gateway, control, replicas = free_port(), free_port(), free_port_pair()
-    fleet_file = root / "fleet.yaml"
-    process.env["ENGINE_FLEET"] = str(fleet_file)
-    world = None
-    try:
-        _, key, _, admin, operator, viewer = process.manage_many(
-            ("migrate", "-v0"), ("create_ingest_key", "--project", "default"),
-            ("create_ingest_key", "--project", "other"),
-            ("create_api_token", "--user", "root", "--role", "admin", "--project", "default"),
-            ("create_api_token", "--user", "ops", "--role", "operator", "--project", "default"),
-            ("create_api_token", "--user", "eve", "--role", "viewer", "--project", "default"))
-        fleet_file.write_text(FLEET.format(run_dir=root / "engine", gateway=gateway, control=control,
-                                           replicas=replicas, key=key, groups=groups,
-                                           otlp_endpoint=f"127.0.0.1:{process.grpc_port}" if process.grpc_port
-                                           else f"{process.url}/v1/traces",
-                                           otlp_protocol="grpc" if process.grpc_port else "http/protobuf",
-                                           vllm=f"vllm: {{executable: {vllm_executable}}}\n" if vllm_executable
-                                           else ""))
-        process.start(timeout=180)
-        world = World(root, process, fleet_file, gateway, admin, operator, viewer, base_config, load)
-        up = world.engine("up", "--detach", timeout=600)
-        assert up.returncode == 0, up.stdout + up.stderr
-        world.start_load()
-        yield world
-    finally:
-        if world is not None:
+def open_world(root: Path, groups: list[dict], base_config: dict, load: dict, vllm_executable: str | None = None):
+    """A platform, a fleet controller of its own with ``groups``, and a load through its gateway."""
+    with open_fleet_platform(
+            root, name="rollout-test", groups=groups, with_engine=False, cls=World, base_config=dict(base_config),
+            load_spec=dict(load), vllm_executable=vllm_executable,
+            grpc=vllm_executable is not None,  # vLLM exports its spans over gRPC only
+            tokens=(("root", "admin"), ("ops", "operator"), ("eve", "viewer")),
+            env={"ROLLOUTS_SWEEP_INTERVAL_SECONDS": "1", "ROLLOUTS_FLEET_GRACE_SECONDS": "20",
+                 "ROLLOUTS_TICK_LEASE_SECONDS": "20",
+                 "REGRESSIONS_SWEEP_INTERVAL_SECONDS": "2", "REGRESSIONS_QUEUED_GRACE_SECONDS": "3",
+                 "NOTIFY_ALLOW_PRIVATE_DESTINATIONS": "127.0.0.1:1024-65535",
+                 "NOTIFY_DELIVER_INTERVAL_SECONDS": "1"}) as world:
+        try:
+            up = world.engine("up", "--detach", timeout=600)
+            assert up.returncode == 0, up.stdout + up.stderr
+            world.start_load()
+            yield world
+        finally:
             world.stop_load()
             world.engine("down")
-        process.stop()
-        if database:
-            _drop_database(*database)
 
 
 @pytest.fixture(scope="package")
 def world(tmp_path_factory):
-    groups = SIMULATED_GROUP.format(config=json.dumps(BASE_CONFIG))
-    with open_world(tmp_path_factory.mktemp("rollouts"), groups, BASE_CONFIG, SIMULATED_LOAD) as opened:
+    groups = [group("base", BASE_CONFIG, seed=7)]
+    with closed_with_directory(HERE, open_world(tmp_path_factory.mktemp("rollouts"), groups, BASE_CONFIG,
+                                                SIMULATED_LOAD)) as opened:
         yield opened
 
 
@@ -222,7 +155,7 @@ def vllm_world(tmp_path_factory, real_vllm_executable, tiny_model_dir):
     """The same with a real vLLM group (its CPU build serving the test-size tiny Llama)."""
     config = {"model": tiny_model_dir, "gpu_type": "CPU", "max_num_seqs": 8,
               "kv_cache_memory_bytes": 32 * 1024 * 1024}
-    groups = VLLM_GROUP.format(config=json.dumps(config))
+    groups = [group("base", config, backend="vllm", served_model_name="tiny-llama")]
     with open_world(tmp_path_factory.mktemp("rollouts-vllm"), groups, config, VLLM_LOAD,
                     vllm_executable=real_vllm_executable) as opened:
         yield opened
@@ -239,6 +172,3 @@ def webhook(world):
         assert status == 201, body
         yield receiver
 
-
-def env_flag(name: str) -> bool:
-    return os.environ.get(name, "") not in ("", "0")

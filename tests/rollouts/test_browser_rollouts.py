@@ -6,48 +6,18 @@ audited); the overview draws its events; a viewer sees neither the form nor the 
 Screenshots go to $OBSERVATORY_SCREENSHOTS (default: the test's temporary directory)."""
 from __future__ import annotations
 
-import os
 import re
-from pathlib import Path
 
 import pytest
+from browser_support import dashboard_login, logged_in_page
 
 # Pages in a browser: run in one CI suite (tests/conftest.py).
 pytestmark = pytest.mark.one_suite(suite="embedded")
 
-playwright_api = pytest.importorskip("playwright.sync_api")
-
-
-@pytest.fixture(scope="module")
-def browser(chromium_executable):
-    with playwright_api.sync_playwright() as p:
-        instance = p.chromium.launch(executable_path=chromium_executable, args=["--no-sandbox"])
-        yield instance
-        instance.close()
-
-
-@pytest.fixture(scope="module")
-def shots(tmp_path_factory) -> Path:
-    directory = Path(os.environ.get("OBSERVATORY_SCREENSHOTS") or tmp_path_factory.mktemp("screenshots"))
-    directory.mkdir(parents=True, exist_ok=True)
-    return directory
-
 
 def session(browser, world, role: str):
-    output = world.process.manage("dashboard_login", "--user", f"roll-{role}", "--project", "default", "--role", role)
-    password = re.search(r"password '([^']+)'", output).group(1)
-    context = browser.new_context(viewport={"width": 1400, "height": 1000})
-    page = context.new_page()
-    errors: list[str] = []
-    page.on("pageerror", lambda error: errors.append(f"page error: {error}"))
-    page.on("console", lambda m: errors.append(f"console: {m.text}") if m.type == "error" else None)
-    page.goto(world.process.url + "/accounts/login/")
-    page.fill("#id_username", f"roll-{role}")
-    page.fill("#id_password", password)
-    page.click("main button[type=submit]")
-    page.wait_for_load_state("networkidle")
-    assert not page.url.endswith("/accounts/login/")
-    return context, page, errors
+    user = f"roll-{role}"
+    return logged_in_page(browser, world.process.url, user, dashboard_login(world.process, user, role))
 
 
 def test_start_watch_and_abort_a_rollout_in_the_browser(browser, world, shots):

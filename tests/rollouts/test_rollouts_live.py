@@ -30,6 +30,12 @@ def start(world, config: dict, plan: dict | None = None, token: str | None = Non
                      {"group": group, "config": config, **({"plan": plan} if plan is not None else {})}, token=token)
 
 
+def cli(world, *args: str) -> tuple[int, str, str]:
+    """`manage.py ARGS`: exit status, stdout and stderr apart."""
+    done = world.manage_py(*args, timeout=120)
+    return done.returncode, done.stdout, done.stderr
+
+
 def problems(body: dict) -> str:
     return json.dumps(body)
 
@@ -216,12 +222,12 @@ def test_the_command_line_and_the_metrics(world):
     config.write_text("max_num_seqs: 40\n")
     plan = world.root / "plan.yaml"
     plan.write_text("steps:\n  - canary: 10\n    interval: 5m\n  - approval\n")
-    code, out, err = world.cli("rollout", "start", "--project", "default", "--group", "base", "--config", str(config),
-                               "--plan", str(plan))
+    code, out, err = cli(world, "rollout", "start", "--project", "default", "--group", "base", "--config",
+                         str(config), "--plan", str(plan))
     assert code == 0 and out.strip().isdigit(), (out, err)
     rollout_id = int(out.strip())
     world.wait_for(rollout_id, lambda b: b["canary_weight"] == 10, timeout=120, what="the canary at 10%")
-    code, out, err = world.cli("rollout", "show", str(rollout_id))
+    code, out, err = cli(world, "rollout", "show", str(rollout_id))
     assert code == 0 and "max_num_seqs 48 → 40" in out and "canary 10% for 300 s" in out, out
     # /metrics with a token: the rollout's state, step and weight.
     status, _ = world.api("GET", "/api/v1/rollouts")
@@ -235,13 +241,13 @@ def test_the_command_line_and_the_metrics(world):
         in text
     assert "observatory_rollout_transitions_total" in text
     # Errors are exit 3 with the reason; controls are audited with the command's actor.
-    code, out, err = world.cli("rollout", "start", "--project", "default", "--group", "base", "--config", str(config))
+    code, out, err = cli(world, "rollout", "start", "--project", "default", "--group", "base", "--config", str(config))
     assert code == 3 and "busy" in err, (out, err)
-    code, out, err = world.cli("rollout", "pause", str(rollout_id), "--reason", "checking something")
+    code, out, err = cli(world, "rollout", "pause", str(rollout_id), "--reason", "checking something")
     assert code == 0 and "paused" in out, (out, err)
-    code, out, err = world.cli("rollout", "show", str(rollout_id))
+    code, out, err = cli(world, "rollout", "show", str(rollout_id))
     assert code == 2 and "checking something" in out
-    code, out, err = world.cli("rollout", "abort", str(rollout_id))
+    code, out, err = cli(world, "rollout", "abort", str(rollout_id))
     assert code == 0 and "aborted" in out
     actors = [t["actor"] for t in world.rollout(rollout_id)["transitions"]]
     assert actors[0].startswith("cli:") and actors[-1].startswith("cli:")

@@ -14,7 +14,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from observatory.bench.harness import free_port, free_port_pair
+from benchkit.harness import free_port, free_port_pair
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "notify"))
@@ -34,7 +34,7 @@ def engine(fleet: Path, *args: str) -> subprocess.CompletedProcess:
 def test_two_workers_and_a_doubled_beat_make_each_transition_once(transactional_db, tmp_path, monkeypatch):
     from django.db import connection
     from observatory.celery_app import app
-    from rollouts import service
+    from rollouts import controls, service
     from rollouts.models import Rollout
     from tenancy.models import Project
 
@@ -81,7 +81,7 @@ groups:
 
         beat_until(lambda r: r.state == "progressing" and r.step == 0, 60, "waiting for the approval step")
         time.sleep(2)  # more racing ticks at a step that waits
-        service.approve(rollout, "user:test")
+        controls.approve(rollout, "user:test")
         beat_until(lambda r: r.state == "promoted", 120, "promotion")
         time.sleep(2)  # late ticks change nothing
     finally:

@@ -1,9 +1,12 @@
 """Validating SLO definitions: the same rules for YAML, the API and the admin, with messages that say what to fix."""
 from __future__ import annotations
 
+import hashlib
+
 import pytest
 from slo import definitions
 from slo.definitions import DefinitionError, validate
+from slo.models import sli_key
 
 BASE = {"name": "chat-ttft", "sli": "ttft_ms", "threshold_ms": 500, "objective": "99%"}
 
@@ -18,7 +21,7 @@ def test_a_minimal_definition_gets_documented_defaults():
     fields = validate(BASE)
     assert fields == {
         "name": "chat-ttft", "description": "", "sli": "ttft_ms", "threshold_ms": 500.0, "objective": 0.99,
-        "period_days": 30, "filters": {}, "tiers": [], "min_requests": 20, "min_bad": 3, "no_data": "ok",
+        "period_days": 30, "filters": {}, "include_cached": False, "tiers": [], "min_requests": 20, "min_bad": 3, "no_data": "ok",
         "repeat_interval_seconds": 4 * 3600, "labels": {}, "enabled": True,
     }
 
@@ -132,6 +135,8 @@ def test_long_window_beyond_a_28_day_period_is_refused():
     ({"labels": {"severity": "high"}}, "labels: at most 20"),
     ({"labels": {"team": 5}}, "labels: at most 20"),
     ({"enabled": "yes"}, "enabled: true or false"),
+    ({"include_cached": "yes"}, "include_cached: true (also count requests the gateway's response cache answered)"),
+    ({"include_cached": 1}, "include_cached: true"),
     ({"objectiv": "99%"}, "unknown field(s) 'objectiv'"),
 ])
 def test_field_errors(change, message):
@@ -150,6 +155,17 @@ def test_filters_are_normalised_to_sorted_lists():
     assert fields["filters"] == {"model": ["a", "b"], "service": ["chat-app"]}
     fields = validate({**BASE, "filters": {"replica_group": "canary", "engine_config": ["cfg-b", "cfg-a"]}})
     assert fields["filters"] == {"engine_config": ["cfg-a", "cfg-b"], "replica_group": ["canary"]}
+
+
+def test_counting_response_cache_hits_is_its_own_series_and_engine_only_keeps_its_key():
+    """include_cached changes what is counted, so it changes the SLI key; an engine-only SLI keeps the key it had
+    before response caches existed (its buckets of old rows, all engine-served, stay valid)."""
+    assert validate({**BASE, "include_cached": True})["include_cached"] is True
+    filters = {"service": ["chat"]}
+    before = int.from_bytes(hashlib.blake2b(
+        b'{"filters":{"service":["chat"]},"sli":"ttft_ms","threshold_ms":500.0}', digest_size=8).digest(), "big") >> 1
+    assert sli_key("ttft_ms", 500.0, filters) == sli_key("ttft_ms", 500.0, filters, False) == before
+    assert sli_key("ttft_ms", 500.0, filters, True) != before
 
 
 def test_not_a_mapping():

@@ -93,6 +93,18 @@ def test_a_threshold_between_bucket_bounds_is_refused_naming_the_nearest(alpha, 
     assert "slo-alpha-ttft-300" not in out.read_text() and "slo-alpha-chat-ttft" in out.read_text()
 
 
+def test_an_slo_that_counts_response_cache_hits_is_exported_with_a_warning(alpha):
+    """vLLM's histograms never see a response-cache hit: the rules of an include_cached SLO count engine-served
+    requests only, and the command says so."""
+    services.create(alpha.id, {"name": "seen-ttft", "sli": "ttft_ms", "threshold_ms": 500, "objective": "99%",
+                               "include_cached": True})
+    text, warnings = export()
+    assert "slo-alpha-seen-ttft-alerts" in [g["name"] for g in yaml.safe_load(text)["groups"]]
+    assert ("alpha/seen-ttft: include_cached counts the gateway's response-cache hits, which never reach vLLM; "
+            "these rules count engine-served requests only") in warnings
+    assert "chat-ttft: include_cached" not in warnings
+
+
 def test_project_selection_and_bad_options(alpha):
     beta = Project.objects.create(name="beta")
     services.create(beta.id, {"name": "b-errors", "sli": "error_ratio", "objective": "99%"})

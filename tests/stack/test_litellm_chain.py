@@ -127,20 +127,25 @@ def _call(stack_python: str, live_platform, base_url: str, instrumentation: str,
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def _the_four_hop_row(live_platform, trace_id: str) -> dict:
+    """The one request row of ``trace_id``, once its four hops and the engine's figures are in (30 s at most)."""
+    deadline = time.monotonic() + 30
+    rows: list = []
+    while time.monotonic() < deadline:
+        rows = requests_for(live_platform.process, live_platform.tokens["alice"], trace_id)
+        if len(rows) == 1 and len(rows[0]["hops"]) == 4 and rows[0]["queue_ms"] is not None:
+            break
+        time.sleep(0.25)
+    assert len(rows) == 1, json.dumps(rows, indent=1)[:4000]
+    return rows[0]
+
+
 @pytest.mark.parametrize("stream", [False, True], ids=["non-streaming", "streaming"])
 @pytest.mark.parametrize("instrumentation", ["openllmetry", "openinference", "genai"])
 def test_openai_client_through_litellm_and_the_gateway_is_one_row(stack_python, live_platform, litellm,
                                                                   instrumentation, stream):
     answer = _call(stack_python, live_platform, litellm, instrumentation, stream)
-    deadline = time.monotonic() + 30
-    rows: list = []
-    while time.monotonic() < deadline:
-        rows = requests_for(live_platform.process, live_platform.tokens["alice"], answer["trace_id"])
-        if len(rows) == 1 and len(rows[0]["hops"]) == 4 and rows[0]["queue_ms"] is not None:
-            break
-        time.sleep(0.25)
-    assert len(rows) == 1, json.dumps(rows, indent=1)[:4000]
-    [row] = rows
+    row = _the_four_hop_row(live_platform, answer["trace_id"])
     assert [(hop["role"], hop["service"]) for hop in row["hops"]] == [
         ("client", f"app-{instrumentation}"), ("gateway", "litellm-proxy"), ("gateway", "llm-gateway"),
         ("engine", "vllm")], json.dumps(row["hops"], indent=1)
@@ -171,15 +176,7 @@ def test_without_forwarding_the_two_traces_are_joined_by_the_response_id(stack_p
     """LiteLLM's default: app + LiteLLM in the app's trace, gateway + engine in a trace of their own. The engine
     reports the id LiteLLM passed back (the client's response id): one row, all four hops, marked as joined."""
     answer = _call(stack_python, live_platform, litellm_default, instrumentation, stream)
-    deadline = time.monotonic() + 30
-    rows: list = []
-    while time.monotonic() < deadline:
-        rows = requests_for(live_platform.process, live_platform.tokens["alice"], answer["trace_id"])
-        if len(rows) == 1 and len(rows[0]["hops"]) == 4 and rows[0]["queue_ms"] is not None:
-            break
-        time.sleep(0.25)
-    assert len(rows) == 1, json.dumps(rows, indent=1)[:4000]
-    [row] = rows
+    row = _the_four_hop_row(live_platform, answer["trace_id"])
     assert row["joined_by"] == "response_id", json.dumps(row, indent=1)[:4000]
     assert row["linked_trace_ids"] == [answer["trace_id"]] and row["trace_id"] != answer["trace_id"]
     assert [(hop["role"], hop["service"], hop["trace_id"]) for hop in row["hops"]] == [

@@ -12,7 +12,7 @@ import urllib.parse
 import urllib.request
 
 import pytest
-from observatory.bench.harness import ROOT
+from benchkit.harness import ROOT
 
 
 class Browser:

@@ -9,6 +9,11 @@ import urllib.parse
 import uuid
 
 import pytest
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.trace import SpanKind, set_span_in_context
 from otlp_payloads import (
     MS,
     api,
@@ -26,6 +31,8 @@ SVC_A, SVC_B = f"svc-a-{TAG}", f"svc-b-{TAG}"
 CFG_1, CFG_2 = f"cfg-1-{TAG}", f"cfg-2-{TAG}"
 STABLE, CANARY = f"stable-{TAG}", f"canary-{TAG}"
 SUMMARY = "/api/v1/latency/summary"
+CACHES = "/api/v1/caches"
+M3 = f"api-model-cached-{TAG}"
 
 
 def engine_request(model: str, service: str, config: str, e2e_s: float, prompt_tokens: int, start_ns: int,
@@ -209,6 +216,115 @@ def test_approximate_percentiles_by_default(live_platform, dataset):
     assert single["e2e_ms"]["p50"] == pytest.approx(900.0, abs=0.001)
 
 
+# -- caches: rows and /api/v1/caches, from spans the OpenTelemetry SDK exported ---------------------------------
+
+
+@pytest.fixture(scope="module")
+def cached(live_platform):
+    """Through the gateway, M3: two engine-served requests (1000 prompt tokens, 768 and 0 of them cached), an exact
+    response-cache hit under a client and a semantic hit with no client; real SDK exporters, one per process."""
+    def tracer(service: str, **resource):
+        provider = TracerProvider(resource=Resource.create({"service.name": service, **resource}))
+        provider.add_span_processor(SimpleSpanProcessor(OTLPSpanExporter(
+            endpoint=f"{live_platform.url}/v1/traces", headers={"Authorization": f"Bearer {live_platform.keys['alpha']}"})))
+        return provider
+
+    providers = [tracer("chat-app"), tracer("llm-gateway"), tracer("vllm", **{"llm_observatory.simulated": True})]
+    app, gateway, engine = (p.get_tracer("test") for p in providers)
+    hour = (time.time_ns() - 600 * 10**9) // (3600 * 10**9) * 3600 * 10**9
+    base, traces = hour + 60 * 10**9, {}
+    chat = {"gen_ai.operation.name": "chat", "gen_ai.provider.name": "openai", "gen_ai.request.model": M3,
+            "gen_ai.usage.input_tokens": 1000, "gen_ai.usage.output_tokens": 20}
+
+    def span(tracer_, name, kind, start_ms, end_ms, parent=None, **attributes):
+        s = tracer_.start_span(name, kind=kind, context=set_span_in_context(parent) if parent else None,
+                               start_time=base + int(start_ms * MS), attributes=attributes)
+        s.end(end_time=base + int(end_ms * MS))
+        return s
+
+    for label, offset, cached_tokens in (("hit768", 0, 768), ("hit0", 2000, 0)):
+        client = span(app, "chat", SpanKind.CLIENT, offset, offset + 1200, **chat)
+        gw = span(gateway, "chat", SpanKind.SERVER, offset + 10, offset + 1190, client,
+                  **chat, **{"gen_ai.usage.cache_read.input_tokens": cached_tokens, "observatory.cache.result": "miss",
+                             "observatory.cache.lookup_ms": 0.3, "observatory.cache.miss_reason": "absent"})
+        span(engine, "llm_request", SpanKind.SERVER, offset + 20, offset + 1120, gw, **{
+            "gen_ai.latency.e2e": 1.1, "gen_ai.latency.time_in_queue": 0.05, "gen_ai.latency.time_in_model_prefill":
+            0.15, "gen_ai.latency.time_in_model_decode": 0.8, "gen_ai.usage.prompt_tokens": 1000,
+            "gen_ai.usage.completion_tokens": 20, "gen_ai.usage.cache_read.input_tokens": cached_tokens,
+            "gen_ai.response.model": M3})
+        traces[label] = format(client.get_span_context().trace_id, "032x")
+    client = span(app, "chat", SpanKind.CLIENT, 4000, 4040, **chat)
+    span(gateway, "chat", SpanKind.SERVER, 4005, 4035, client, **chat, **{
+        "observatory.cache.result": "hit", "observatory.cache.served_from": "exact_cache",
+        "observatory.cache.lookup_ms": 2.5, "observatory.cache.key": "ab" * 32})
+    traces["exact"] = format(client.get_span_context().trace_id, "032x")
+    semantic = span(gateway, "chat", SpanKind.SERVER, 5000, 5020, **chat, **{
+        "observatory.cache.result": "hit", "observatory.cache.served_from": "semantic_cache",
+        "observatory.cache.lookup_ms": 9.0, "observatory.cache.similarity": 0.95})
+    traces["semantic"] = format(semantic.get_span_context().trace_id, "032x")
+    for provider in providers:
+        provider.shutdown()
+    live_platform.process.wait_idle()
+    return traces, dt.datetime.fromtimestamp(hour // 10**9, dt.timezone.utc)
+
+
+def test_rows_say_what_served_them_and_their_cached_tokens(live_platform, cached):
+    traces, _ = cached
+    token = live_platform.tokens["alice"]
+    [miss] = requests_of(live_platform, traces["hit768"], token)
+    assert (miss["served_from"], miss["cached_prompt_tokens"], miss["lookup_ms"]) == ("engine", 768, None)
+    assert (miss["queue_ms"], miss["prefill_ms"]) == (pytest.approx(50.0), pytest.approx(150.0))
+    [exact] = requests_of(live_platform, traces["exact"], token)
+    assert (exact["served_from"], exact["lookup_ms"], exact["cached_prompt_tokens"]) == ("exact_cache", 2.5, None)
+    assert [h["role"] for h in exact["hops"]] == ["client", "gateway"]
+    assert (exact["queue_ms"], exact["prefill_ms"], exact["decode_ms"]) == (0.0, 0.0, 0.0)
+    assert exact["overhead_ms"] == pytest.approx(30.0 - 2.5) and exact["network_ms"] == pytest.approx(10.0)
+    assert exact["e2e_ms"] == pytest.approx(exact["network_ms"] + exact["lookup_ms"] + exact["overhead_ms"])
+    [semantic] = requests_of(live_platform, traces["semantic"], token)
+    assert (semantic["served_from"], semantic["network_ms"], semantic["overhead_ms"]) == (
+        "semantic_cache", None, pytest.approx(11.0))
+
+
+def test_caches_per_model_and_the_engine_s_own_summary(live_platform, cached):
+    _, hour = cached
+    status, body = get(live_platform, f"{CACHES}?" + urllib.parse.urlencode({
+        "since": hour.isoformat(), "until": (hour + dt.timedelta(hours=1)).isoformat(), "step": "1h", "by": "model",
+        "model": M3}))
+    assert status == 200, body
+    assert (body["step"], body["by"], body["filters"]) == ("1h", "model", {"model": M3})
+    [bucket] = body["buckets"]
+    [group] = bucket["groups"]
+    assert group["key"] == {"model": M3} and group["requests"] == 4
+    assert (group["reported_prompt_tokens"], group["cached_prompt_tokens"]) == (2000, 768)
+    assert group["token_hit_ratio"] == pytest.approx(768 / 2000)
+    assert (group["requests_with_hit"], group["requests_reporting_cached"], group["request_hit_ratio"]) == (1, 2, 0.5)
+    assert group["prefill_ms_per_uncached_token"] == pytest.approx(300.0 / (232 + 1000))
+    assert group["engine"] == {"requests": 2, "e2e_ms_p50": pytest.approx(1200.0)}
+    exact = group["response_cache"]["exact_cache"]
+    assert (exact["requests"], exact["share"], exact["e2e_ms_p50"]) == (1, 0.25, pytest.approx(40.0))
+    assert exact["latency_saved_ms"] == pytest.approx(1200.0 - 40.0)
+    assert group["response_cache"]["semantic_cache"]["latency_saved_ms"] == pytest.approx(1200.0 - 20.0)
+    by_class = summary(live_platform, group_by="served_from", model=M3, since=hour.isoformat())
+    assert {g["key"]["served_from"]: g["count"] for g in by_class["groups"]} == {
+        "engine": 2, "exact_cache": 1, "semantic_cache": 1}
+    [engine_only] = summary(live_platform, group_by="", model=M3, served_from="engine", since=hour.isoformat())["groups"]
+    assert engine_only["count"] == 2 and engine_only["queue_ms"]["p50"] == pytest.approx(50.0)
+
+
+@pytest.mark.parametrize("params", [{"step": "0m"}, {"step": "5x"}, {"step": "31d"}, {"by": "gateway"},
+                                    {"by": "model,service"}, {"served_from": "engine", "prompt_bucket": "<2k"},
+                                    {"since": "2025-01-01T00:00:00Z", "until": "2025-03-01T00:00:00Z", "step": "1m"}])
+def test_bad_cache_queries_are_400(live_platform, params):
+    status, body = get(live_platform, f"{CACHES}?{urllib.parse.urlencode(params)}")
+    assert status == 400 and body["error"], (params, body)
+
+
+def test_caches_need_a_token_and_see_only_its_projects(live_platform, cached):
+    assert get(live_platform, CACHES, token=None)[0] == 401
+    status, body = get(live_platform, f"{CACHES}?project=no-such-project")
+    assert status == 404, body
+
+
 # -- errors are JSON -------------------------------------------------------------------------------------------
 
 
@@ -253,7 +369,7 @@ def resolve(document: dict, ref: str) -> dict:
 def test_openapi_document_is_3_1_with_both_paths(openapi):
     assert openapi["openapi"] == "3.1.0"
     assert openapi["info"]["title"] and openapi["info"]["version"]
-    assert {"/api/v1/requests", "/api/v1/latency/summary"} <= set(openapi["paths"])
+    assert {"/api/v1/requests", "/api/v1/latency/summary", CACHES} <= set(openapi["paths"])
     [scheme] = openapi["components"]["securitySchemes"].values()
     assert (scheme["type"], scheme["scheme"]) == ("http", "bearer")
     parameters = {p["name"]: p for p in openapi["paths"]["/api/v1/requests"]["get"]["parameters"]}
@@ -281,7 +397,7 @@ def test_openapi_refs_resolve(openapi):
 def test_openapi_documents_every_error_status(openapi):
     """Each endpoint can answer 400 (bad input or several projects), 401, 403 (token without project),
     404 (unknown project) and 503; each must be documented with the Error schema."""
-    for path in ("/api/v1/requests", "/api/v1/latency/summary"):
+    for path in ("/api/v1/requests", "/api/v1/latency/summary", CACHES):
         responses = openapi["paths"][path]["get"]["responses"]
         for status in ("200", "400", "401", "403", "404", "503"):
             assert status in responses, (path, status)
@@ -302,3 +418,13 @@ def test_openapi_schemas_cover_the_real_answers(live_platform, dataset, openapi)
         response_schema = resolve(openapi, response_schema["$ref"])
     assert set(body) <= set(response_schema["properties"]), set(body) - set(response_schema["properties"])
     assert set(body["groups"][0]) <= set(schemas["SummaryGroup"]["properties"])
+
+
+def test_openapi_schemas_cover_the_cache_answers(live_platform, cached, openapi):
+    schemas = openapi["components"]["schemas"]
+    [row] = requests_of(live_platform, cached[0]["exact"], live_platform.tokens["alice"])
+    assert set(row) == set(schemas["Request"]["properties"])
+    _, body = get(live_platform, f"{CACHES}?model={M3}")
+    group = next(g for b in body["buckets"] for g in b["groups"])
+    assert set(body) == set(schemas["Caches"]["properties"]) and set(group) == set(schemas["CacheGroup"]["properties"])
+    assert set(group["response_cache"]["exact_cache"]) == set(schemas["CacheClass"]["properties"])

@@ -9,11 +9,11 @@ import threading
 import time
 
 import pytest
+from benchkit.payloads import chain_batch
 from ingest.otlp import Limits, decode_protobuf
 from ingest.service import build_record
 from ingest.spool import Spool
 from ingest.writer import SpanWriter
-from observatory.bench.payloads import chain_batch
 from tenancy.keys import IngestIdentity
 from traces import ch_migrate
 from traces.backlog import DecompositionBacklog

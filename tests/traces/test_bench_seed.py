@@ -1,9 +1,9 @@
-"""The benchmarks' synthetic stored traces (observatory.bench.seed.seed_spans) are what they claim to be:
+"""The benchmarks' synthetic stored traces (traces.seed.seed_spans) are what they claim to be:
 client → gateway → engine chains, each trace with its request row, inside the time range asked for."""
 import datetime as dt
 
-from observatory.bench.seed import seed_spans
 from traces import ch_migrate
+from traces.seed import seed_spans
 
 
 def test_seed_spans_stores_linked_three_span_traces_with_their_request_rows(make_store):

@@ -1,4 +1,5 @@
-"""Tests for traces.decomposition: chain joining and the latency decomposition of DESIGN.md."""
+"""Tests for traces.decomposition: chain joining and the latency decomposition of docs/decomposition.md (its
+sections "The definition" and "Joining the hops of one request")."""
 from __future__ import annotations
 
 import dataclasses

@@ -8,7 +8,7 @@ import time
 import uuid
 
 import pytest
-from observatory.bench.payloads import add_attribute
+from benchkit.payloads import add_attribute
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from otlp_live_helpers import post_traces, requests_for
 from traces.decomposition import decompose_trace

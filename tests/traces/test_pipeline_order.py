@@ -1,6 +1,6 @@
-"""The request rows of a trace must not depend on how its spans arrive (DESIGN.md: "Spans of one request
-may arrive in any order, minutes apart, in different export batches: the result must not depend on
-arrival order").
+"""The request rows of a trace must not depend on how its spans arrive (docs/decomposition.md, "Late spans
+and arrival order": "Spans of one request may arrive in any order, minutes apart, in different export
+batches", and the result does not depend on arrival order).
 
 End to end through a live platform: a fixed set of traces is split into spans, shuffled, cut into
 batches (each protobuf or OTLP/JSON, optionally decomposed in between), sent, and the rows of
@@ -17,9 +17,9 @@ import time
 import uuid
 
 import pytest
+from benchkit.payloads import add_attribute
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from observatory.bench.payloads import add_attribute
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from otlp_live_helpers import post_traces, requests_for, to_otlp_json
 

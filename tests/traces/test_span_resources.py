@@ -10,13 +10,14 @@ import time
 
 import pytest
 from ingest.otlp import Limits, decode_protobuf
-from ingest.rows import arrival_of, encode_rows, resource_id, span_row
+from ingest.rows import arrival_of, resource_id, span_row
 from ingest.service import build_record
 from ingest.spool import Spool
 from ingest.writer import SpanWriter
 from otlp_payloads import engine_span, pb_request, vllm_resource
 from tenancy.keys import IngestIdentity
 from traces import ch_migrate
+from traces.row_encoding import encode_rows
 
 DAY_NS = 86_400 * 1_000_000_000
 PROJECT = 7
@@ -106,31 +107,38 @@ def test_resource_ids_are_stable_and_never_zero():
 
 def test_calls_spooled_before_replica_groups_replay_beside_current_ones(writer):
     """Six- and seven-item records (written before migration 0006) hold call rows without replica_group,
-    eight-item ones (before format 4) no arrival time; they replay in the same batch as current records,
-    whose calls keep their group."""
+    eight-item ones (format 3) no arrival time, format-4 ones no cache columns (migration 0012); they replay in
+    the same batch as current records, whose calls keep their group and cached tokens."""
     def record_for(group: str | None):
-        payload = pb_request((vllm_resource(replica_group=group), [engine_span()])).SerializeToString()
+        span = engine_span(prompt_tokens=100, extra={"gen_ai.usage.cache_read.input_tokens": 64})
+        payload = pb_request((vllm_resource(replica_group=group), [span])).SerializeToString()
         record, _ = build_record(IngestIdentity(PROJECT, 30), decode_protobuf(payload, Limits()))
         return record
 
+    def before_caches(record, length):
+        calls = encode_rows([row[:-3] for row in json_rows(record[3])])
+        return (*record[:3], calls, *record[4:7], 3 if length == 8 else 4, *record[8:length])
+
     current = record_for("canary")
-    assert len(current) == 9 and arrival_of(current) > 0
-    eight = record_for("baseline")[:8]
+    assert len(current) == 9 and arrival_of(current) > 0 and current[7] == 5
+    nine = before_caches(record_for("stable"), 9)
+    eight = before_caches(record_for("baseline"), 8)
     assert arrival_of(eight) is None
     old_calls = record_for(None)
-    old_calls_blob = encode_rows([row[:-1] for row in json_rows(old_calls[3])])  # the old call row shape
+    old_calls_blob = encode_rows([row[:-4] for row in json_rows(old_calls[3])])  # the old call row shape
     seven = (*old_calls[:3], old_calls_blob, *old_calls[4:7])
     six_source = record_for(None)
     six_spans = encode_rows([row[:-1] for row in json_rows(six_source[2])])
-    six = (six_source[0], six_source[1], six_spans, encode_rows([row[:-1] for row in json_rows(six_source[3])]),
+    six = (six_source[0], six_source[1], six_spans, encode_rows([row[:-4] for row in json_rows(six_source[3])]),
            *six_source[4:6])
-    writer._write([((1, 0), six), ((1, 1), seven), ((1, 2), eight), ((1, 3), current)])
+    writer._write([((1, 0), six), ((1, 1), seven), ((1, 2), eight), ((1, 3), nine), ((1, 4), current)])
 
     calls = writer.store.query(
-        f"SELECT trace_id, replica_group FROM {writer.store.table('llm_calls')} FINAL "
+        f"SELECT trace_id, replica_group, cached_prompt_tokens FROM {writer.store.table('llm_calls')} FINAL "
         "WHERE project_id = {project_id:UInt32}", project_id=PROJECT)
-    groups = {trace_id: group for trace_id, group in calls}
-    assert groups == {six[1][0]: None, seven[1][0]: None, eight[1][0]: "baseline", current[1][0]: "canary"}
+    groups = {trace_id: (group, cached) for trace_id, group, cached in calls}
+    assert groups == {six[1][0]: (None, None), seven[1][0]: (None, None), eight[1][0]: ("baseline", None),
+                      nine[1][0]: ("stable", None), current[1][0]: ("canary", 64)}
 
 
 def json_rows(blob: bytes) -> list[list]:

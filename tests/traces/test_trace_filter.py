@@ -10,14 +10,13 @@ import random
 from collections import Counter
 
 import pytest
-from ingest import metrics
+from benchkit.payloads import chain_batch
 from ingest.otlp import Decoded, Limits, decode_protobuf
 from ingest.service import build_record
 from ingest.spool import Spool
 from ingest.writer import SpanWriter
-from observatory.bench.payloads import chain_batch
 from tenancy.keys import IngestIdentity
-from traces import ch_migrate
+from traces import ch_migrate, metrics
 from traces.request_builder import RequestBuilder
 from traces.trace_filter import TRACE_HASH_SQL, TraceFilter, raw_hashes
 

@@ -7,55 +7,18 @@ misses, through the API, the CLI and the page; a viewer sees no forms and is ref
 Screenshots go to $OBSERVATORY_SCREENSHOTS (default: the test's temporary directory)."""
 from __future__ import annotations
 
-import os
 import re
-from pathlib import Path
 
 import pytest
+from browser_support import dashboard_login, logged_in_page
 
 # Pages in a browser: run in one CI suite (tests/conftest.py).
 pytestmark = pytest.mark.one_suite(suite="server")
 
-playwright_api = pytest.importorskip("playwright.sync_api")
-
-
-def _password(output: str) -> str:
-    match = re.search(r"password '([^']+)'", output)
-    assert match, output
-    return match.group(1)
-
-
-@pytest.fixture(scope="module")
-def browser(chromium_executable):
-    with playwright_api.sync_playwright() as p:
-        instance = p.chromium.launch(executable_path=chromium_executable, args=["--no-sandbox"])
-        yield instance
-        instance.close()
-
-
-@pytest.fixture(scope="module")
-def shots(tmp_path_factory) -> Path:
-    directory = Path(os.environ.get("OBSERVATORY_SCREENSHOTS") or tmp_path_factory.mktemp("screenshots"))
-    directory.mkdir(parents=True, exist_ok=True)
-    return directory
-
 
 def session(browser, live, role: str, width: int = 1400, user: str | None = None):
     user = user or f"tune-{role}"
-    password = _password(live.process.manage("dashboard_login", "--user", user, "--project", "default",
-                                             "--role", role))
-    context = browser.new_context(viewport={"width": width, "height": 1000})
-    page = context.new_page()
-    errors: list[str] = []
-    page.on("pageerror", lambda error: errors.append(f"page error: {error}"))
-    page.on("console", lambda m: errors.append(f"console: {m.text}") if m.type == "error" else None)
-    page.goto(live.process.url + "/accounts/login/")
-    page.fill("#id_username", user)
-    page.fill("#id_password", password)
-    page.click("main button[type=submit]")
-    page.wait_for_load_state("networkidle")
-    assert not page.url.endswith("/accounts/login/")
-    return context, page, errors
+    return logged_in_page(browser, live.process.url, user, dashboard_login(live.process, user, role), width=width)
 
 
 def test_start_watch_read_and_propose_a_study_in_the_browser(browser, live, shots):
@@ -149,7 +112,9 @@ def test_a_winner_that_misses_the_slos_at_a_rate_is_replayed_alone_at_lower_ones
         assert not run.get("baseline_target") and step["requests"] > 50
         assert run["options"]["rate"] == pytest.approx(step["rate"])
     rc, text = live.cli("tune", "show", str(done["id"]))
-    assert rc == 0 and "best alone at" in text and "of the predicted" in text, text
+    assert rc == 0 and "best alone at" in text, text
+    assert f"confirmed goodput {steps[-1]['rate']:.2f} req/s on real-time simulated replicas" in text, text
+    assert f"predicted goodput {predicted:.2f} req/s (simulated)" in text and "% of the predicted" not in text, text
     # The auto_tune.sh-style grid ranges over auto_tune's own values, far beyond this study's 8 and 12 sequences:
     # the API, the CLI and the page say its better point lies outside the study's space.
     grid = done["grid_baseline"]
@@ -163,7 +128,12 @@ def test_a_winner_that_misses_the_slos_at_a_rate_is_replayed_alone_at_lower_ones
     rows = page.locator("[data-testid=confirmation-steps] tbody tr")
     assert rows.count() == len(steps)
     assert rows.first.inner_text().split()[-1] == "no" and rows.last.inner_text().split()[-1] == "yes"
-    assert "of its predicted goodput" in page.locator("main").inner_text()
+    confirmed = page.locator("[data-testid=confirmed]").inner_text()
+    assert f"Confirmed goodput {steps[-1]['rate']:.2f} req/s" in confirmed and "predicted goodput" in confirmed, confirmed
+    # The figures beside each other on the same fresh seeds, each defined: the winner's, the current config's, the
+    # grid's best.
+    assert page.locator("[data-testid=fresh] tbody tr").count() == 3
+    assert "median − MAD" in page.locator("[data-testid=figures]").inner_text()
     assert "outside the study's search space" in page.locator("[data-testid=grid]").inner_text()
     page.screenshot(path=str(shots / "tuning-confirmation-steps.png"), full_page=True)
     # A narrow window: the steps table scrolls inside itself, the page does not scroll sideways.

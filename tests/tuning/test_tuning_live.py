@@ -5,12 +5,20 @@ The fleet's group `base` runs Llama-3.1-8B on one (simulated) H100 with max_num_
 chat traffic at tens of requests/s, which the study must beat and the confirmation must show."""
 from __future__ import annotations
 
+import datetime as dt
 import json
 import re
 import time
 
 import optuna
 import pytest
+
+
+def overlapping_trials(trials: list[dict]) -> list[tuple[int, int]]:
+    """Pairs of trial numbers whose runs (Optuna's start and completion times) overlap in time."""
+    spans = sorted((dt.datetime.fromisoformat(t["started_at"]), dt.datetime.fromisoformat(t["completed_at"]),
+                    t["number"]) for t in trials)
+    return [(a[2], b[2]) for a, b in zip(spans, spans[1:]) if b[0] < a[1]]
 
 
 def test_tune_finds_a_better_config_confirms_it_on_replicas_and_proposes_it(live, tmp_path):
@@ -55,8 +63,7 @@ def test_tune_finds_a_better_config_confirms_it_on_replicas_and_proposes_it(live
     valid = [t for t in trials["trials"] if t["valid"]]
     assert len(valid) == 12 and all(t["goodput"] is not None for t in valid)
     # Two workers shared the trials: some ran at the same time.
-    spans = sorted((t["started_at"], t["completed_at"]) for t in valid)
-    assert any(b[0] < a[1] for a, b in zip(spans, spans[1:])), spans
+    assert overlapping_trials(valid), [(t["number"], t["started_at"], t["completed_at"]) for t in valid]
     assert all(t["problems"] for t in trials["trials"] if t["valid"] is False)
 
 
@@ -131,7 +138,9 @@ def test_a_platform_restart_mid_study_resumes_it(live):
     valid = [t for t in trials["trials"] if t["valid"]]
     # Every slot ends in a valid trial (one more when a worker died between taking a slot and leasing its trial).
     assert 16 <= len(valid) <= 17 and done["trials"] == len(valid)
-    # Two workers ran the trials: some were running at the same time (their Optuna start times overlap).
+    # Two workers ran the trials: some were running at the same time (their Optuna start and completion times
+    # overlap), and none is left running.
+    assert overlapping_trials(valid), [(t["number"], t["started_at"], t["completed_at"]) for t in valid]
     assert not [t for t in trials["trials"] if t["state"] == "running"]
 
 

@@ -4,7 +4,7 @@
   "use strict";
   var COLORS = {p50: "#3b8bd9", p95: "#e6a23c", p99: "#d9534f", rate: "#3b8bd9", errors: "#c0392b",
                 network_ms: "#b0b8c4", gateway_ms: "#9b7ed1", overhead_ms: "#8aa0b8", queue_ms: "#e6a23c",
-                prefill_ms: "#d9534f", decode_ms: "#3bb27a"};
+                prefill_ms: "#d9534f", decode_ms: "#3bb27a", lookup: "#17a2b8", semantic: "#9b7ed1"};
   var GROUP_COLORS = ["#3b8bd9", "#e6a23c", "#3bb27a", "#9b7ed1", "#d9534f", "#7c8da3"];
   var COMPONENTS = ["network_ms", "gateway_ms", "overhead_ms", "queue_ms", "prefill_ms", "decode_ms"];
   var charts = [];
@@ -13,6 +13,10 @@
     var node = document.getElementById(id);
     return node ? JSON.parse(node.textContent) : null;
   }
+
+  // Ratios (0..1) drawn in percent.
+  function percents(values) { return values.map(function (v) { return v == null ? null : 100 * v; }); }
+  function pct(u, v) { return v == null ? "–" : v.toFixed(1) + "%"; }
 
   function fmt(v) { return v == null ? "–" : (Math.abs(v) >= 100 ? v.toFixed(0) : v.toFixed(2)); }
 
@@ -142,8 +146,20 @@
     document.querySelectorAll("[data-chart]").forEach(function (node) {
       var kind = node.getAttribute("data-chart");
       if (kind === "rate") {
-        make(node, [{}, line("requests/s", COLORS.rate), line("errors/s", COLORS.errors)],
-             [data.t, data.rate, data.errors]);
+        var cached = data.t.map(function (_, i) { return data.exact_cache_rate[i] + data.semantic_cache_rate[i]; });
+        make(node, [{}, line("requests/s", COLORS.rate), line("from cache/s", COLORS.lookup),
+                    line("errors/s", COLORS.errors)], [data.t, data.rate, cached, data.errors]);
+      } else if (kind === "prefix_hit_ratio") {
+        make(node, [{}, line("tokens", COLORS.p50, null, {value: pct}), line("requests", COLORS.p95, null, {value: pct})],
+             [data.t, percents(data.prefix_token_hit_ratio), percents(data.prefix_request_hit_ratio)]);
+      } else if (kind === "prefill_per_token") {
+        make(node, [{}, line("prefill ms / computed token", COLORS.prefill_ms)], [data.t, data.prefill_ms_per_uncached_token]);
+      } else if (kind === "response_cache") {
+        make(node, [{}, line("exact", COLORS.lookup, null, {value: pct}), line("semantic", COLORS.semantic, null, {value: pct})],
+             [data.t, percents(data.exact_cache_share), percents(data.semantic_cache_share)]);
+      } else if (kind === "class_e2e") {
+        make(node, [{}, line("engine", COLORS.rate), line("exact cache", COLORS.lookup), line("semantic cache", COLORS.semantic)],
+             [data.t, data.e2e_ms_p50, data.exact_cache_e2e_p50, data.semantic_cache_e2e_p50]);
       } else if (kind === "e2e_ms" || kind === "ttft_ms" || kind === "tpot_ms") {
         make(node, [{}, line("p50", COLORS.p50), line("p95", COLORS.p95), line("p99", COLORS.p99)],
              [data.t, data[kind + "_p50"], data[kind + "_p95"], data[kind + "_p99"]]);

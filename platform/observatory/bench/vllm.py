@@ -28,7 +28,11 @@ import time
 import urllib.request
 from pathlib import Path
 
-from observatory.bench.harness import PlatformProcess, free_port
+from benchkit.harness import PlatformProcess, free_port
+
+from engine import tiny_model
+from engine.config import EngineConfig
+from engine.launcher.vllm_command import find_vllm_executable, render_vllm_command
 
 
 def _percentile(values: list[float], p: float) -> float:
@@ -40,10 +44,6 @@ def _percentile(values: list[float], p: float) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from engine import tiny_model
-    from engine.config import EngineConfig
-    from engine.launcher.vllm_command import find_vllm_executable, render_vllm_command
-
     parser = argparse.ArgumentParser(prog="python -m observatory.bench.vllm", description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=40)
     parser.add_argument("--model", default=None, help="model directory (default: a fresh test-size tiny model)")

@@ -4,7 +4,7 @@ hour and replica group over the other dimensions (`request_rollup_hourly_totals`
 Why: the dashboard's overview charts the decomposition over time as the mean of each component and as their
 p95. Over 7 or 30 days its buckets are whole hours, which the hourly rollups could answer — but they held only
 t-digest states (percentiles), no means, and no `gateway_ms`. With them, a 7-day overview over 10 million rows
-reads ~1,000 states per hour instead of the raw rows (observatory.bench.dashboard).
+reads ~1,000 states per hour instead of the raw rows (dashboards.bench).
 
 The hourly rollups keep a row per combination of service, model, engine config, prompt bucket and replica group
 (~180 an hour in a mixed fleet), so charting 7 days from them merges ~30,000 t-digest states per metric; the

@@ -9,16 +9,15 @@ import os
 import sys
 
 from django.core.management.base import BaseCommand
+from fleet.wiring import engine_environment
 
-from observatory.engine_link import engine_environment
+from engine.loadgen.cli import main
 
 
 class Command(BaseCommand):
     help = "Generate load against an OpenAI-compatible endpoint (default: the engine gateway) and report latency."
 
     def run_from_argv(self, argv):
-        from engine.loadgen.cli import main
-
         args = list(argv[2:])
         wants_help = any(a in ("-h", "--help") for a in args)
         if not wants_help and "--otlp-endpoint" not in args and not os.environ.get(
@@ -30,6 +29,4 @@ class Command(BaseCommand):
         sys.exit(main(args))
 
     def handle(self, *args, **options):
-        from engine.loadgen.cli import main
-
         return str(main(list(args)))

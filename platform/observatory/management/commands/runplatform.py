@@ -3,7 +3,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 from observatory.background import start_background
-from observatory.engine_link import EngineCompanion
+from observatory.companion import EngineCompanion
 from observatory.runtime import SpoolInUse
 from observatory.serve import PlatformServer, end_process
 

@@ -5,18 +5,10 @@ import sys
 from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
+from jobs.commands import project_named
 
 from regressions.datasets import FORMATS, DatasetError, parse_file, resolve_version, write_version
 from regressions.models import Dataset
-
-
-def _project(name: str):
-    from tenancy.models import Project
-
-    project = Project.objects.filter(name=name).first()
-    if project is None:
-        raise CommandError(f"no project named {name!r}")
-    return project
 
 
 class Command(BaseCommand):
@@ -51,7 +43,7 @@ class Command(BaseCommand):
             raise CommandError(f"cannot read {file}: {exc}") from None
         try:
             items = parse_file(data, format)
-            version = write_version(_project(project), name, items, source=f"import {format} {Path(file).name}"[:200],
+            version = write_version(project_named(project), name, items, source=f"import {format} {Path(file).name}"[:200],
                                     created_by="manage.py", note=note, replace=replace)
         except DatasetError as exc:
             raise CommandError(f"nothing was imported; {len(exc.problems)} problem(s):\n  "
@@ -62,7 +54,7 @@ class Command(BaseCommand):
     def do_list(self, project=None, **_):
         datasets = Dataset.objects.select_related("project").order_by("project__name", "name")
         if project:
-            datasets = datasets.filter(project=_project(project))
+            datasets = datasets.filter(project=project_named(project))
         for dataset in datasets:
             latest = dataset.latest()
             self.stdout.write(f"{dataset.project.name}/{dataset.name}: version {latest.number if latest else '-'}, "
@@ -70,7 +62,7 @@ class Command(BaseCommand):
 
     def do_export(self, project, name, version=None, **_):
         try:
-            found = resolve_version(_project(project), name, version)
+            found = resolve_version(project_named(project), name, version)
         except LookupError as exc:
             raise CommandError(str(exc)) from None
         for item in found.items.order_by("position"):

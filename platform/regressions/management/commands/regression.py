@@ -1,5 +1,6 @@
 """`manage.py regression run --project P --dataset NAME --target GROUP|URL [--baseline RUN|GROUP|URL] [--rate R]
-[--concurrency C] [--repetitions N] [--gates FILE] [--json OUT]`: exit 0 pass, 1 fail, 2 inconclusive, 3 error.
+[--concurrency C] [--repetitions N] [--gates FILE] [--cache-sweep T1,T2,... [--max-false-hit-rate PCT]]
+[--json OUT]`: exit 0 pass, 1 fail, 2 inconclusive, 3 error.
 
 The run is created in the metadata database and executed by the platform's worker (Celery): in embedded mode
 only the platform process may open the trace store, so this command never touches it. It shows the progress,
@@ -7,21 +8,27 @@ waits for the verdict, prints the summary table; Ctrl-C cancels the run. `regres
 """
 import json
 import sys
-import time
 from pathlib import Path
 
-import yaml
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
+from jobs.commands import EXIT_ERROR, JobCommand, project_named, read_yaml
 
-from regressions import service
-from regressions.models import ACTIVE_STATES, RegressionRun, RunState
+from regressions import cache_sweep, service
+from regressions.models import RegressionRun, RunState
 
 EXIT = {"pass": 0, "fail": 1, "inconclusive": 2}
-EXIT_ERROR = 3
 
 
 def _fmt(value, digits=1):
     return "-" if value is None else f"{value:.{digits}f}"
+
+
+def _thresholds(text: str) -> list[float]:
+    try:
+        return [float(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise CommandError(f"--cache-sweep must be comma-separated numbers such as 0.85,0.9,0.95 (got "
+                           f"{text[:100]!r})") from None
 
 
 def summary_lines(run: RegressionRun) -> list[str]:
@@ -41,6 +48,8 @@ def summary_lines(run: RegressionRun) -> list[str]:
         lines.append(f"  note: {summary['synthetic_note']}")
     if comparison.get("note"):
         lines.append(f"  note: {comparison['note']}")
+    if summary.get("cache_sweep"):
+        lines.extend(cache_sweep.report_lines(summary["cache_sweep"]))
     if comparison.get("gates"):
         lines.append(f"  {'gate':<22} {'baseline':>10} {'candidate':>10} {'shift':>9} {'interval':>21} {'p':>8}  verdict")
         for gate in comparison["gates"]:
@@ -66,10 +75,32 @@ def run_json(run: RegressionRun) -> dict:
     results = run.results.filter(warmup=False)
     return {"run_id": run.id, "verdict": run.verdict or None, "state": run.state, "gates": gates,
             "items": results.count(), "errors": results.filter(success=False).count(),
-            "error": run.error or None, "summary": run.summary}
+            "error": run.error or None, "summary": run.summary,
+            "cache_sweep": (run.summary or {}).get("cache_sweep")}
 
 
-class Command(BaseCommand):
+class ProgressBar:
+    """The progress text of a run being waited for. Off a terminal it changes with the count of written requests
+    only, not with the state alone: a log gets one line a step."""
+
+    WIDTH = 30
+
+    def __init__(self, tty: bool):
+        self.tty = tty
+        self.count: int | None = None
+        self.text = ""
+
+    def __call__(self, run: RegressionRun) -> str:
+        if self.tty or run.progress_done != self.count:
+            self.count = run.progress_done
+            total = max(run.progress_total, 1)
+            filled = int(self.WIDTH * min(self.count, total) / total)
+            bar = "#" * filled + "." * (self.WIDTH - filled)
+            self.text = f"[{bar}] {self.count}/{run.progress_total} {run.state}"
+        return self.text
+
+
+class Command(JobCommand):
     help = "Replay a golden dataset against a target and judge it against a baseline (docs/regressions.md)."
 
     def add_arguments(self, parser):
@@ -100,6 +131,13 @@ class Command(BaseCommand):
                          help="paired runs: both arms of an item at once (together), or the baseline's whole replay "
                               "then the candidate's (in_turn: for targets that share one machine)")
         run.add_argument("--gates", default=None, help="gates file (YAML or JSON); default gates otherwise")
+        run.add_argument("--cache-sweep", default=None, metavar="THRESHOLDS",
+                         help="measure the target gateway's semantic-cache threshold at these comma-separated "
+                              "thresholds (0.8,0.85,0.9,0.95): after the replay with the cache bypassed, a pass per "
+                              "threshold; the group's cache must say semantic.client_threshold: true")
+        run.add_argument("--max-false-hit-rate", type=float, default=cache_sweep.DEFAULT_MAX_FALSE_HIT_RATE,
+                         help="percent: the recommended threshold is the lowest whose false-hit rate is within it "
+                              "(default %(default)s)")
         run.add_argument("--json", default=None, help="write the result as JSON to this file")
         run.add_argument("--no-wait", action="store_true", help="print the run id and return")
         run.add_argument("--start-timeout", type=float, default=90.0,
@@ -107,13 +145,6 @@ class Command(BaseCommand):
         show = sub.add_parser("show", help="print a run's summary")
         show.add_argument("run_id", type=int)
         show.add_argument("--json", default=None)
-
-    def execute(self, *args, **options):
-        try:
-            return super().execute(*args, **options)
-        except CommandError as exc:
-            self.stderr.write(f"error: {exc}")
-            sys.exit(EXIT_ERROR)
 
     def handle(self, *args, action, **options):
         if action == "show":
@@ -125,24 +156,9 @@ class Command(BaseCommand):
         return self._run(**options)
 
     def _run(self, **o):
-        from tenancy.models import Project
-
-        project = Project.objects.filter(name=o["project"]).first()
-        if project is None:
-            raise CommandError(f"no project named {o['project']!r}")
-        gates = None
-        if o["gates"]:
-            try:
-                gates = yaml.safe_load(Path(o["gates"]).read_text())
-            except (OSError, yaml.YAMLError) as exc:
-                raise CommandError(f"cannot read the gates file {o['gates']}: {exc}") from None
-        configs = {}
-        for key in ("target_config", "baseline_config"):
-            if o[key]:
-                try:
-                    configs[key] = yaml.safe_load(Path(o[key]).read_text())
-                except (OSError, yaml.YAMLError) as exc:
-                    raise CommandError(f"cannot read the config file {o[key]}: {exc}") from None
+        project = project_named(o["project"])
+        gates = read_yaml(o["gates"], "gates") if o["gates"] else None
+        configs = {key: read_yaml(o[key], "config") for key in ("target_config", "baseline_config") if o[key]}
         rate = o["rate"]
         try:
             rate = "inf" if str(rate).lower() == "inf" else float(rate)
@@ -152,48 +168,21 @@ class Command(BaseCommand):
                    "max_concurrency": o["concurrency"], "repetitions": o["repetitions"], "warmup": o["warmup"],
                    "time_limit_s": o["time_limit"], "seed": o["seed"], "reset_prefix_cache": o["reset_prefix_cache"],
                    "arms": o["arms"]}
+        if o["cache_sweep"]:
+            options["cache_sweep"] = {"thresholds": _thresholds(o["cache_sweep"]),
+                                      "max_false_hit_rate": o["max_false_hit_rate"]}
         try:
             run = service.create_run(project, dataset=o["dataset"], version=o["dataset_version"], target=o["target"],
                                      baseline=o["baseline"], options=options, gates=gates, created_by="manage.py",
                                      **configs)
         except service.RunError as exc:
             raise CommandError("; ".join(exc.problems)) from None
-        self.stdout.write(f"regression run {run.id} queued ({run.progress_total} requests)")
-        if o["no_wait"]:
-            return None
-        run = self._wait(run, o["start_timeout"])
-        return self._report(run, o["json"])
-
-    def _wait(self, run: RegressionRun, start_timeout: float) -> RegressionRun:
-        started = time.monotonic()
-        shown = -1
-        tty = sys.stdout.isatty()
-        try:
-            while True:
-                run.refresh_from_db()
-                if run.state not in ACTIVE_STATES:
-                    break
-                if run.state == RunState.QUEUED and time.monotonic() - started > start_timeout:
-                    service.cancel(run)
-                    raise CommandError(f"no platform worker started run {run.id} within {start_timeout:g} s: is the "
-                                       "platform running (make up)? The run was cancelled.")
-                if run.progress_done != shown or tty:
-                    shown = run.progress_done
-                    total = max(run.progress_total, 1)
-                    width = 30
-                    filled = int(width * min(shown, total) / total)
-                    bar = "#" * filled + "." * (width - filled)
-                    text = f"[{bar}] {shown}/{run.progress_total} {run.state}"
-                    self.stdout.write(("\r" + text) if tty else text, ending="" if tty else "\n")
-                    self.stdout.flush()
-                time.sleep(0.5)
-        except KeyboardInterrupt:
-            service.cancel(run)
-            self.stdout.write(f"\ncancelling run {run.id}")
-            raise CommandError(f"run {run.id} cancelled") from None
-        if tty:
-            self.stdout.write("")
-        return run
+        run = self.follow(run, service.RUNS, f"regression run {run.id} queued ({run.progress_total} requests)",
+                          no_wait=o["no_wait"], start_timeout=o["start_timeout"],
+                          not_started=f"no platform worker started run {run.id} within {o['start_timeout']:g} s: is "
+                                      "the platform running (make up)? The run was cancelled.",
+                          progress=ProgressBar(sys.stdout.isatty()))
+        return None if run is None else self._report(run, o["json"])
 
     def _report(self, run: RegressionRun, json_path: str | None):
         for line in summary_lines(run):

@@ -13,12 +13,14 @@ import time
 from pathlib import Path
 
 import yaml
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
+from jobs.commands import JobCommand
+from tenancy.models import Project
 
-from rollouts import service
+from rollouts import controls, service
 from rollouts.models import ACTIVE_STATES, Rollout, RolloutState
+from rollouts.transitions import Conflict
 
-EXIT_ERROR = 3
 CONTROLS = ("pause", "resume", "approve", "promote", "abort", "retry")
 
 
@@ -54,7 +56,7 @@ def exit_code(state: str) -> int:
     return 0
 
 
-class Command(BaseCommand):
+class Command(JobCommand):
     help = "Roll a new engine config out to a replica group: gate, canary steps, promotion or rollback (docs/rollouts.md)."
 
     def add_arguments(self, parser):
@@ -69,20 +71,11 @@ class Command(BaseCommand):
         parser.add_argument("--wait", action="store_true", help="follow the rollout until it ends or pauses")
         parser.add_argument("--json", action="store_true", help="show: the API's JSON document")
 
-    def execute(self, *args, **options):
-        try:
-            return super().execute(*args, **options)
-        except CommandError as exc:
-            self.stderr.write(f"error: {exc}")
-            sys.exit(EXIT_ERROR)
-
     def handle(self, *args, action, rollout_id, **o):
         actor = f"cli:{getpass.getuser()}"
         if action == "start":
             return self._start(actor, o)
         if action == "list":
-            from tenancy.models import Project
-
             rollouts = Rollout.objects.select_related("project")
             if o["project"]:
                 project = Project.objects.filter(name=o["project"]).first()
@@ -100,22 +93,20 @@ class Command(BaseCommand):
             raise CommandError(f"no rollout {rollout_id}")
         if action == "show":
             return self._show(rollout, o["json"])
-        controls = {"pause": lambda: service.manual_pause(rollout, actor, o["reason"]),
-                    "resume": lambda: service.resume(rollout, actor),
-                    "approve": lambda: service.approve(rollout, actor),
-                    "promote": lambda: service.promote_now(rollout, actor),
-                    "abort": lambda: service.abort(rollout, actor, o["reason"]),
-                    "retry": lambda: service.retry(rollout, actor)}
+        actions = {"pause": lambda: controls.manual_pause(rollout, actor, o["reason"]),
+                   "resume": lambda: controls.resume(rollout, actor),
+                   "approve": lambda: controls.approve(rollout, actor),
+                   "promote": lambda: controls.promote_now(rollout, actor),
+                   "abort": lambda: controls.abort(rollout, actor, o["reason"]),
+                   "retry": lambda: controls.retry(rollout, actor)}
         try:
-            updated = controls[action]()
-        except (service.RolloutError, service.Conflict) as exc:
+            updated = actions[action]()
+        except (service.RolloutError, Conflict) as exc:
             raise CommandError(str(exc)) from None
         self.stdout.write(f"rollout {updated.id}: {updated.state} — {updated.reason}")
         return None
 
     def _start(self, actor: str, o: dict):
-        from tenancy.models import Project
-
         if not o["project"] or not o["group"]:
             raise CommandError("give --project and --group")
         if (o["config"] is None) == (o["from_study"] is None):

@@ -2,6 +2,7 @@
 from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
+from tenancy.models import Project
 
 from slo import prometheus
 from slo.models import SLO
@@ -33,8 +34,6 @@ class Command(BaseCommand):
                no_platform_rules, **options):
         slos = SLO.objects.select_related("project").order_by("project__name", "name")
         if project:
-            from tenancy.models import Project
-
             missing = sorted(set(project) - set(Project.objects.filter(name__in=project).values_list("name", flat=True)))
             if missing:
                 raise CommandError(f"no project named {', '.join(missing)}")

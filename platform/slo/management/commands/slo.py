@@ -1,4 +1,5 @@
 """`manage.py slo apply FILE [--dry-run] [--prune] [--project P]` and `manage.py slo list [--project P]`."""
+import sys
 from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
@@ -28,8 +29,6 @@ class Command(BaseCommand):
         return self.list_slos(options["project"])
 
     def apply(self, file: str, *, dry_run: bool, prune: bool, project: str | None) -> None:
-        import sys
-
         try:
             text = sys.stdin.read() if file == "-" else Path(file).read_text()
         except OSError as exc:

@@ -2,11 +2,11 @@
 API token."""
 import datetime as dt
 
+from apikit.inputs import parse_duration
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 from django.utils import timezone
-from observatory.inputs import parse_duration
 
 from tenancy.models import ApiToken, Membership, Project, Role
 

@@ -2,23 +2,22 @@
 [--objective goodput|goodput_per_gpu|pareto] [--space FILE] [--slo ttft_ms=300 ...] [--json OUT]`.
 
 Creates a tuning study, which the platform's worker (Celery, queue `tuning`) executes; shows its progress
-and prints the result: current and best config, goodput (requests/s, simulated), the robust re-scoring,
-why the winner wins, and the confirmation on replicas (real vLLM for a group of real vLLM replicas).
+and prints the result: current and best config, goodput (requests/s, simulated: on fresh seeds, beside the
+search's figure and the robust one), the re-scoring that chose the winner, why the winner wins, and the
+confirmation on replicas (real vLLM for a group of real vLLM replicas).
 Exit 0 done, 1 done but no config meets the SLOs, 3 error. `tune show ID` prints a study; `tune propose ID`
 hands its winner to a rollout; `tune cancel ID` stops one. Ctrl-C while waiting cancels the study.
 """
 import json
 import sys
-import time
 from pathlib import Path
 
-import yaml
-from django.core.management.base import BaseCommand, CommandError
+from django.conf import settings
+from django.core.management.base import CommandError
+from jobs.commands import EXIT_ERROR, JobCommand, project_named, read_yaml
 
 from tuning import service
-from tuning.models import ACTIVE_STATES, Objective, StudyState, TuningStudy
-
-EXIT_ERROR = 3
+from tuning.models import Objective, StudyState, TuningStudy
 
 
 def _fmt(value, digits=2):
@@ -34,7 +33,8 @@ def report_lines(study: TuningStudy) -> list[str]:
         lines.append(f"error: {data['error']}")
     if "rate" in wl:
         lines.append(f"  workload {wl['source']}: {wl['rate']:.2f} req/s mean, peak {wl['peak_rate']:.2f}, "
-                     f"burstiness {wl['burstiness']:.2f}, prefix-cache hit {wl['prefix_hit_rate']:.0%}, "
+                     f"burstiness {wl['burstiness']:.2f}, prefix-cache hit {wl['prefix_hit_rate']:.0%}"
+                     + (f" ({wl['prefix_hit_basis']})" if wl.get("prefix_hit_basis") else "") + ", "
                      f"prompt p50 {wl['prompt_tokens'].get('p50', 0):.0f} / output p50 "
                      f"{wl['output_tokens'].get('p50', 0):.0f} tokens")
         for note in wl.get("notes") or []:
@@ -46,12 +46,11 @@ def report_lines(study: TuningStudy) -> list[str]:
                  f"{data['invalid_trials']}; retried after a crash: {data['retried_trials']})")
     if data["message"]:
         lines.append(f"  {data['message']}")
-    current, best = data["current"], data["best"]
-    if current.get("goodput") is not None:
-        lines.append(f"  current goodput {_fmt(current['goodput'])} req/s (simulated)")
+    best = data["best"]
+    lines.extend(goodput_lines(data))
+    if data["no_gain"]:
+        lines.append(f"  nothing to propose: {data['no_gain']}")
     if best:
-        lines.append(f"  best    goodput {_fmt(best['goodput'])} req/s (simulated; robust {_fmt(best['robust_score'])})"
-                     + (f", gain ×{data['predicted_gain']:.2f}" if data["predicted_gain"] else ""))
         explanation = data.get("explanation") or {}
         for knob, change in (explanation.get("diff") or {}).items():
             lines.append(f"    {knob}: {change['current']} → {change['best']}")
@@ -60,8 +59,10 @@ def report_lines(study: TuningStudy) -> list[str]:
         grid = data.get("grid_baseline") or {}
         if grid.get("best"):
             g = grid["best"]
+            fresh = f" on the same fresh seeds ({_fmt(g.get('search_goodput'))} on the search's seed)" \
+                if g.get("search_goodput") is not None else ""
             lines.append(f"  auto_tune.sh-style grid ({grid['points']} points of max_num_seqs × "
-                         f"max_num_batched_tokens): best {_fmt(g['goodput'])} req/s at {g['max_num_seqs']} / "
+                         f"max_num_batched_tokens): best {_fmt(g['goodput'])} req/s{fresh} at {g['max_num_seqs']} / "
                          f"{g['max_num_batched_tokens']}" + (f": {grid['verdict']}" if grid.get("verdict") else ""))
         if data.get("importances"):
             lines.append("  importances: " + ", ".join(f"{k} {v:.2f}" for k, v in data["importances"].items()))
@@ -80,12 +81,8 @@ def report_lines(study: TuningStudy) -> list[str]:
             lines.append(f"    best alone at {step['rate']:.2f} req/s (regression run {step['run_id']}): attainment "
                          f"measured {_fmt(None if measured is None else 100 * measured, 1)}%, predicted "
                          f"{_fmt(None if predicted is None else 100 * predicted, 1)}%")
-        confirmed = confirmation.get("confirmed_goodput")
-        if confirmed:
-            lines.append(f"    confirmed goodput: {confirmed:.2f} req/s "
-                         f"({100 * confirmation['confirmed_share']:.0f}% of the predicted)")
-        else:
-            lines.append("    confirmed goodput: not confirmed at any rate replayed")
+        if confirmation.get("statement"):
+            lines.append(f"    {confirmation['statement']}")
     elif confirmation:
         lines.append(f"  confirmation: {confirmation.get('skipped') or confirmation.get('error')}")
     if study.proposal:
@@ -93,7 +90,48 @@ def report_lines(study: TuningStudy) -> list[str]:
     return lines
 
 
-class Command(BaseCommand):
+def goodput_lines(data: dict) -> list[str]:
+    """Both configs' goodput on the same seeds, the search's figure beside it, the robust figure with its definition,
+    and their ratio only when the current config meets the SLOs at some rate."""
+    current, best = data["current"], data["best"]
+    fresh = (data.get("seeds") or {}).get("fresh")
+    if not fresh:  # still searching, or no config meets the SLOs: the search's figures only
+        rows = [("current", current)] if current.get("goodput") is not None else []
+        return [f"  {label:<7} goodput {_fmt(row['goodput'])} req/s (simulated, on the search's seed)"
+                for label, row in rows + ([("best", best)] if best else [])]
+    lines = [f"  goodput (simulated): the median over {len(fresh)} fresh seeds, none of them used by the search or to "
+             "choose the winner; robust: median − MAD over the same seeds; search: on the search's seed"]
+    rows = [("current", current)] + ([("best", best)] if best else [])
+    for label, row in rows:
+        lines.append(f"  {label:<7} goodput {_fmt(row['goodput'])} req/s (robust {_fmt(row.get('robust_goodput'))}, "
+                     f"search {_fmt(row.get('search_goodput'))})")
+    if best and data.get("predicted_gain"):
+        per = " per GPU" if data.get("objective") == Objective.GOODPUT_PER_GPU else ""
+        lines.append(f"  gain ×{data['predicted_gain']:.2f} in goodput{per} (best over current, both on the same "
+                     "fresh seeds)")
+    elif best and not best.get("is_current"):
+        lines.append(f"  no ratio: the current config meets the SLOs at no rate ({_fmt(current['goodput'])} req/s), "
+                     f"the winner at {_fmt(best['goodput'])} req/s")
+    return lines
+
+
+class StudyProgress:
+    """The progress line of a study being waited for, "[state] phase" with the best score so far; a new line when
+    the state or the phase changes, not the best score alone."""
+
+    def __init__(self):
+        self.line: str | None = None
+        self.text = ""
+
+    def __call__(self, study: TuningStudy) -> str:
+        line = f"[{study.state}] {study.phase}"
+        if line != self.line:
+            self.line = line
+            self.text = line + (f"  best {study.best_score:.2f}" if study.best_score else "")
+        return self.text
+
+
+class Command(JobCommand):
     help = "Auto-tune a replica group's vLLM knobs for SLO goodput (docs/tuning.md)."
 
     def add_arguments(self, parser):
@@ -116,13 +154,6 @@ class Command(BaseCommand):
         parser.add_argument("--no-wait", action="store_true")
         parser.add_argument("--start-timeout", type=float, default=90.0)
 
-    def execute(self, *args, **options):
-        try:
-            return super().execute(*args, **options)
-        except CommandError as exc:
-            self.stderr.write(f"error: {exc}")
-            sys.exit(EXIT_ERROR)
-
     def handle(self, *args, action, study_id, **o):
         if action != "run":
             if study_id is None:
@@ -141,19 +172,10 @@ class Command(BaseCommand):
                 self.stdout.write("cancel asked" if service.cancel(study) else f"study {study.id} already ended")
                 return None
             return self._report(study, o["json"])
-        from tenancy.models import Project
-
         if not o["project"] or not o["group"]:
             raise CommandError("give --project and --group")
-        project = Project.objects.filter(name=o["project"]).first()
-        if project is None:
-            raise CommandError(f"no project named {o['project']!r}")
-        space = None
-        if o["space"]:
-            try:
-                space = yaml.safe_load(Path(o["space"]).read_text())
-            except (OSError, yaml.YAMLError) as exc:
-                raise CommandError(f"cannot read the space file {o['space']}: {exc}") from None
+        project = project_named(o["project"])
+        space = read_yaml(o["space"], "space") if o["space"] else None
         slo = {}
         for text in o["slo"]:
             key, sep, value = text.partition("=")
@@ -163,8 +185,6 @@ class Command(BaseCommand):
                 raise CommandError(f"--slo {text!r}: use NAME=MILLISECONDS, e.g. ttft_ms=300") from None
             if not sep:
                 raise CommandError(f"--slo {text!r}: use NAME=MILLISECONDS")
-        from django.conf import settings
-
         try:
             study = service.create_study(
                 project, group=o["group"], workload=o["workload"], objective=o["objective"], space=space,
@@ -173,33 +193,13 @@ class Command(BaseCommand):
                 read_traces=not settings.EMBEDDED_MODE)
         except service.StudyError as exc:
             raise CommandError(str(exc)) from None
-        self.stdout.write(f"tuning study {study.id} queued ({study.trials} trials, objective {study.objective})")
-        if o["no_wait"]:
-            return None
-        study = self._wait(study, o["start_timeout"])
-        return self._report(study, o["json"])
-
-    def _wait(self, study: TuningStudy, start_timeout: float) -> TuningStudy:
-        started = time.monotonic()
-        last = None
-        try:
-            while True:
-                study.refresh_from_db()
-                if study.state not in ACTIVE_STATES:
-                    return study
-                if study.state == StudyState.QUEUED and time.monotonic() - started > start_timeout:
-                    service.cancel(study)
-                    raise CommandError(f"no worker started study {study.id} within {start_timeout:g} s: is the "
-                                       "platform (or a Celery worker on queue 'tuning') running?")
-                line = f"[{study.state}] {study.phase}"
-                if line != last:
-                    self.stdout.write(line + (f"  best {study.best_score:.2f}" if study.best_score else ""))
-                    last = line
-                time.sleep(1.0)
-        except KeyboardInterrupt:
-            service.cancel(study)
-            self.stderr.write(f"cancelled tuning study {study.id}")
-            sys.exit(EXIT_ERROR)
+        study = self.follow(study, service.STUDIES,
+                            f"tuning study {study.id} queued ({study.trials} trials, objective {study.objective})",
+                            no_wait=o["no_wait"], start_timeout=o["start_timeout"],
+                            not_started=f"no worker started study {study.id} within {o['start_timeout']:g} s: is the "
+                                        "platform (or a Celery worker on queue 'tuning') running?",
+                            progress=StudyProgress(), interval=1.0)
+        return None if study is None else self._report(study, o["json"])
 
     def _report(self, study: TuningStudy, json_path: str | None):
         for line in report_lines(study):

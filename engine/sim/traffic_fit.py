@@ -1,0 +1,327 @@
+"""Fit the simulator's constants to the traffic a replica group served: no benchmark run, no traffic of its own.
+
+The platform decomposes every request into queue, prefill and decode on the engine's own clock. Replaying the
+group's requests (their arrival times, prompt, cached-prefix and output lengths) through the simulator with the
+group's engine config predicts those figures for each request; the fit moves the hardware profile's constants until
+the prediction matches what was observed:
+
+- residuals: log(predicted / observed) of the engine core's TTFT (its queue plus prefill time) and of its TPOT, and the queue time's error relative to max(observed, a floor) at half weight (a queue of nearly
+  nothing would otherwise weigh most);
+- residuals over bins of BIN consecutive requests (their mean figures), not each request: which of two requests the
+  scheduler takes first flips on the smallest change of a constant, and per request that noise is as large as the
+  signal; soft-L1 loss, so a few outliers do not steer the fit;
+- a global pass (a scrambled Sobol sample of the constants, each within a factor of four of the starting
+  profile's), then a local one (SciPy's Nelder-Mead from the best point), in log space;
+- the window's last fifth is never fitted: the model's ``held_out_error`` is its prediction error there, per
+  figure (TTFT, TPOT, queue) and quantile (p50, p95): (predicted - observed) / observed, the queue's over the floor.
+
+Which constants are fitted: ``fitted_names`` (MFU and bandwidth efficiency on a GPU host; with the step's fixed and
+per-sequence costs on the CPU build), from the start profile's values.
+
+A long window is fitted on a sample of it: whole stretches of consecutive requests (queues build across
+neighbours), each replayed after a lead-in of the requests before it that is replayed but not scored.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Callable, Sequence
+
+from engine.config import EngineConfig
+from engine.sim.options import SimOptions
+from engine.sim.profiles import HardwareProfile, hardware_profile
+from engine.sim.request import SimRequest
+from engine.sim.virtual import percentile, simulate
+
+# Constants a traffic fit moves (fitted_names says why these).
+GPU_FITTED = ("mfu", "bandwidth_efficiency")
+CPU_FITTED = GPU_FITTED + ("step_overhead", "sequence_overhead")
+BOUNDS = {"mfu": (0.005, 1.0), "bandwidth_efficiency": (0.01, 1.0), "step_overhead": (1e-5, 0.2),
+          "sequence_overhead": (1e-7, 0.02)}
+SPAN = 4.0  # the global pass searches each constant within [start / SPAN, start · SPAN] (and BOUNDS)
+FIGURES = ("ttft_ms", "tpot_ms", "queue_ms")
+QUANTILES = (50, 95)
+HELD_OUT_SHARE = 0.2
+MIN_REQUESTS = 200  # requests with engine timings in the fitting slice (fewer: refused)
+SAMPLE_REQUESTS = 1600  # scored requests replayed per objective evaluation (a longer slice is sampled)
+LEAD_SECONDS = 20.0  # replayed before each sampled stretch, not scored: the queue it finds
+BIN = 16  # consecutive requests whose mean figures are one residual each
+
+
+class FitError(ValueError):
+    """The traffic cannot be fitted (too little, no engine timings); the message says what is missing."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Observed:
+    """One engine-served request as the platform decomposed it; timings in ms on the engine's clock (None: not
+    reported)."""
+
+    arrival: float  # seconds, any origin (only differences matter)
+    prompt_tokens: int
+    output_tokens: int
+    cached_tokens: int = 0
+    # The engine core's TTFT: from entering its queue to its first token (vLLM's time in queue + time in model
+    # prefill, both on the core's clock). Not the frontend's time_to_first_token, which adds the API server's
+    # admission and the moment its handler got to the token: on a loaded host that lag is noise the constants
+    # cannot explain, and it pulled the fit 10-20 % off a known truth.
+    ttft_ms: float | None = None
+    tpot_ms: float | None = None
+    queue_ms: float | None = None
+
+
+@dataclasses.dataclass
+class Fit:
+    """A fitted model: the constants, the profile they replace, and its errors on the fitting and held-out slices."""
+
+    base_profile: str
+    constants: dict[str, float]
+    start_constants: dict[str, float]
+    fit_error: dict[str, float]
+    held_out_error: dict[str, float]
+    fit_requests: int
+    held_out_requests: int
+    evaluations: int
+    seconds: float
+    cost: float
+    queue_floor_ms: float
+
+    def profile(self) -> HardwareProfile:
+        return hardware_profile(self.base_profile).with_constants(**self.constants)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def fitted_names(profile: HardwareProfile) -> list[str]:
+    """The constants a fit moves. On a GPU host: MFU (prefill is compute-bound) and bandwidth efficiency (decode is
+    memory-bound). The step's fixed cost stays as published: a decode step costs the weights' read plus that fixed
+    cost, both the same at every step, and only the KV cache's share (small at a chat load's contexts) tells them
+    apart; fitted too, it drifted anywhere between -78 % and +73 % of a known truth while the predictions stayed
+    within 5 %, and it doubled the fit's time. Holding it, bandwidth efficiency absorbs the difference (a few per
+    cent). On the CPU build (its API server shares the engine's cores) the step's fixed cost and the per-sequence
+    cost of a step weigh as much as the model's passes and are fitted as well. The API server's own costs are
+    not: the engine core's figures the fit reads do not include them. Only those the profile holds above zero."""
+    return [name for name in (CPU_FITTED if profile.api_server_serial else GPU_FITTED) if getattr(profile, name) > 0]
+
+
+def _request_of(index: int, row: Observed) -> SimRequest:
+    ids = None
+    if row.cached_tokens > 0:
+        # A shared prefix of the cached length (the simulator hashes whole blocks of token ids), then tokens of
+        # this request alone: the replay's prefix cache hits about where the engine's did.
+        ids = list(range(row.cached_tokens)) + [1_000_000 + index * 65_536 + k
+                                                for k in range(row.prompt_tokens - row.cached_tokens)]
+    return SimRequest(f"o{index}", row.prompt_tokens, max(1, row.output_tokens), row.arrival, prompt_token_ids=ids)
+
+
+def replay(config: EngineConfig, profile: HardwareProfile, rows: Sequence[Observed], *, seed: int = 0,
+           options: SimOptions | None = None) -> list[tuple[float, float | None, float] | None]:
+    """(engine TTFT ms, TPOT ms or None, queue ms) the simulator predicts for each row (None: it did not finish)."""
+    requests = [_request_of(i, row) for i, row in enumerate(rows)]
+    result = simulate(config, requests, hardware=profile, options=options or SimOptions(), seed=seed)
+    out: list[tuple[float, float | None, float] | None] = []
+    for request in requests:
+        if request.first_token_time is None or request.scheduled_time is None:
+            out.append(None)
+            continue
+        tpot = None
+        if request.num_generated > 1 and request.last_token_time is not None:
+            tpot = (request.last_token_time - request.first_token_time) / (request.num_generated - 1) * 1e3
+        queued = request.queued_time if request.queued_time is not None else request.arrival_time
+        out.append(((request.first_token_time - queued) * 1e3, tpot, (request.scheduled_time - queued) * 1e3))
+    del result
+    return out
+
+
+def _stretches(rows: Sequence[Observed], budget: int) -> list[tuple[int, int, int]]:
+    """(lead start, scored start, end) index ranges: all of ``rows`` up to twice the budget (stretches and their
+    lead-ins would replay nearly as many), else evenly spaced stretches of consecutive requests adding up to about
+    ``budget``, each after a lead-in."""
+    n = len(rows)
+    if n <= 2 * budget:
+        return [(0, 0, n)]
+    count = max(2, min(8, budget // 400))
+    size = budget // count
+    out = []
+    for k in range(count):
+        start = (n - size) * k // (count - 1)
+        lead = start
+        while lead > 0 and rows[start].arrival - rows[lead - 1].arrival <= LEAD_SECONDS:
+            lead -= 1
+        out.append((lead, start, start + size))
+    return out
+
+
+class _Problem:
+    def __init__(self, config: EngineConfig, base: HardwareProfile, names: list[str], rows: Sequence[Observed],
+                 budget: int, queue_floor_ms: float, seed: int):
+        self.config, self.base, self.names, self.seed = config, base, names, seed
+        self.queue_floor = queue_floor_ms
+        self.parts = [(rows[lead:end], start - lead) for lead, start, end in _stretches(rows, budget)]
+        self.scored = sum(len(part) - skip for part, skip in self.parts)
+        self.evaluations = 0
+
+    def profile(self, x: Sequence[float]) -> HardwareProfile:
+        values = {}
+        for name, value in zip(self.names, x):
+            low, high = BOUNDS[name]
+            values[name] = min(high, max(low, getattr(self.base, name) * math.exp(value)))
+        return self.base.with_constants(**values)
+
+    def residuals(self, x: Sequence[float]) -> list[float]:
+        self.evaluations += 1
+        profile = self.profile(x)
+        out: list[float] = []
+        for part, skip in self.parts:
+            predicted = replay(self.config, profile, part, seed=self.seed)
+            rows, guesses = part[skip:], predicted[skip:]
+            for start in range(0, len(rows), BIN):
+                out.extend(_bin_residuals(rows[start:start + BIN], guesses[start:start + BIN], self.queue_floor))
+        return out
+
+
+_MISS = 3.0  # the residual of a figure the replay did not produce (the request did not finish)
+
+
+def _bin_residuals(rows: Sequence[Observed], guesses: Sequence, floor: float) -> tuple[float, float, float]:
+    """One bin of consecutive requests: log(predicted / observed) of their mean TTFT and mean TPOT, and half their
+    mean queue's error relative to max(observed, floor). Means over a few neighbours, not each request: which of two
+    requests the scheduler takes first turns on the smallest change of a constant, and per request that reordering
+    is noise as large as the signal (the fit then stops anywhere within it)."""
+    sums = [0.0] * 6
+    counts = [0] * 3
+    missed = 0
+    for row, guess in zip(rows, guesses):
+        if guess is None:
+            missed += 1
+            continue
+        for i, (observed, predicted) in enumerate(((row.ttft_ms, guess[0]), (row.tpot_ms, guess[1]),
+                                                   (row.queue_ms, guess[2]))):
+            if observed is not None and predicted is not None:
+                sums[2 * i] += observed
+                sums[2 * i + 1] += predicted
+                counts[i] += 1
+    out = []
+    for i in range(3):
+        observed, predicted = sums[2 * i], sums[2 * i + 1]
+        if not counts[i]:
+            out.append(0.0)
+        elif i == 2:
+            out.append(max(-_MISS, min(_MISS, 0.5 * (predicted - observed) / max(observed, floor * counts[i]))))
+        elif observed > 0 and predicted > 0:
+            out.append(math.log(predicted / observed))
+        else:
+            out.append(_MISS)
+    if missed:
+        out = [r + _MISS * missed / len(rows) for r in out]
+    return out[0], out[1], out[2]
+
+
+def prediction_error(rows: Sequence[Observed], predicted: Sequence, queue_floor_ms: float) -> dict[str, float]:
+    """{"ttft_ms_p50": (predicted - observed) / observed, ...}: each figure's quantiles, predicted against observed,
+    over the rows that report the figure (the queue's relative to max(observed, floor)). A figure no row reports
+    is left out."""
+    out: dict[str, float] = {}
+    for index, figure in enumerate(FIGURES):
+        observed = [getattr(row, figure) for row in rows]
+        pairs = [(o, p[index]) for o, p in zip(observed, predicted) if o is not None and p is not None
+                 and p[index] is not None]
+        if not pairs:
+            continue
+        obs = sorted(o for o, _ in pairs)
+        pred = sorted(p for _, p in pairs)
+        for q in QUANTILES:
+            o, p = percentile(obs, q), percentile(pred, q)
+            scale = max(o, queue_floor_ms) if figure == "queue_ms" else o
+            if scale > 0:
+                out[f"{figure}_p{q}"] = (p - o) / scale
+    return out
+
+
+def split(rows: Sequence[Observed]) -> tuple[list[Observed], list[Observed]]:
+    """(fitting slice, held-out slice): the window's first four fifths by time, and its last fifth."""
+    ordered = sorted(rows, key=lambda r: r.arrival)
+    cut = ordered[0].arrival + (ordered[-1].arrival - ordered[0].arrival) * (1 - HELD_OUT_SHARE) if ordered else 0
+    return [r for r in ordered if r.arrival < cut], [r for r in ordered if r.arrival >= cut]
+
+
+def check(rows: Sequence[Observed], min_requests: int = MIN_REQUESTS) -> None:
+    """Raise FitError naming what is missing: requests, engine timings."""
+    timed = [r for r in rows if r.ttft_ms is not None and r.tpot_ms is not None]
+    if len(rows) < min_requests:
+        raise FitError(f"too little traffic: {len(rows)} engine-served requests in the window, at least "
+                       f"{min_requests} needed")
+    if len(timed) < min_requests:
+        raise FitError(f"only {len(timed)} of {len(rows)} requests carry the engine's timings (queue, TTFT and "
+                       f"TPOT from an engine span; rows from client or gateway spans alone cannot be replayed): at "
+                       f"least {min_requests} needed")
+
+
+def fit(config: EngineConfig, rows: Sequence[Observed], *, base: HardwareProfile | None = None,
+        names: Sequence[str] | None = None, seed: int = 0, global_points: int = 16, local_starts: int = 1,
+        max_evaluations: int = 100,
+        budget: int = SAMPLE_REQUESTS, min_requests: int = MIN_REQUESTS,
+        progress: Callable[[str], None] | None = None) -> Fit:
+    """Fit ``base`` (the config's GPU profile when None) to ``rows``; raises FitError when they cannot be fitted."""
+    from scipy.optimize import minimize
+    from scipy.stats import qmc
+
+    started = time.monotonic()
+    base = base or hardware_profile(config.gpu_type)
+    fitting, held_out = split(rows)
+    check(fitting, min_requests)
+    if not held_out:
+        raise FitError("the window has no held-out slice (its last fifth holds no request)")
+    names = list(names or fitted_names(base))
+    ttfts = sorted(r.ttft_ms for r in fitting if r.ttft_ms is not None)
+    # A queue below a tenth of the median TTFT is "no queue" for the fit: its error counts relative to that.
+    queue_floor = max(1.0, 0.1 * percentile(ttfts, 50))
+    problem = _Problem(config, base, names, fitting, budget, queue_floor, seed)
+
+    def cost(x) -> float:
+        return float(sum(_soft_l1(r) for r in problem.residuals(x)))
+
+    # Global pass: Sobol points over ±log(SPAN) around the start (the start itself included), clipped to BOUNDS.
+    low = [max(-math.log(SPAN), math.log(BOUNDS[n][0] / getattr(base, n))) for n in names]
+    high = [min(math.log(SPAN), math.log(BOUNDS[n][1] / getattr(base, n))) for n in names]
+    sobol = qmc.Sobol(len(names), scramble=True, seed=seed)
+    sample = qmc.scale(sobol.random_base2(max(1, math.ceil(math.log2(global_points)))), low, high)
+    candidates = [[0.0] * len(names)] + [list(p) for p in sample]
+    scored = sorted(((cost(x), x) for x in candidates), key=lambda item: item[0])
+    if progress:
+        progress(f"global pass: {len(candidates)} points, best cost {scored[0][0]:.4g}")
+    # Local pass: Nelder-Mead from the best points (a gradient method stalls on the replay's small steps: a
+    # scheduling order that flips makes the objective piecewise flat at the finest scale).
+    best_x, best_cost = scored[0][1], scored[0][0]
+    for start_cost, x0 in scored[:local_starts]:
+        simplex = [list(x0)] + [[v + (0.2 if i == j else 0.0) for i, v in enumerate(x0)] for j in range(len(x0))]
+        result = minimize(cost, x0, method="Nelder-Mead", bounds=list(zip(low, high)),
+                          options={"initial_simplex": simplex, "maxfev": max_evaluations, "xatol": 0.01,
+                                   "fatol": 0.02})
+        if progress:
+            progress(f"local pass from cost {start_cost:.4g}: {result.nfev} evaluations, cost {result.fun:.4g}")
+        if result.fun < best_cost:
+            best_x, best_cost = list(result.x), float(result.fun)
+    profile = problem.profile(best_x)
+    constants = {name: getattr(profile, name) for name in names}
+    # One replay of the whole window scores both slices: the held-out slice finds the queue the window left it.
+    predicted = replay(config, profile, fitting + held_out, seed=seed)
+    return Fit(base_profile=base.name, constants=constants,
+               start_constants={name: getattr(base, name) for name in names},
+               fit_error=prediction_error(fitting, predicted[:len(fitting)], queue_floor),
+               held_out_error=prediction_error(held_out, predicted[len(fitting):], queue_floor),
+               fit_requests=len(fitting), held_out_requests=len(held_out), evaluations=problem.evaluations,
+               seconds=time.monotonic() - started, cost=best_cost, queue_floor_ms=queue_floor)
+
+
+def _soft_l1(r: float) -> float:
+    return 2.0 * (math.sqrt(1.0 + r * r) - 1.0)
+
+
+def predict(config: EngineConfig, profile: HardwareProfile, rows: Sequence[Observed], *, queue_floor_ms: float,
+            seed: int = 0) -> dict[str, float]:
+    """A model's prediction error on ``rows`` (the latest traffic): ``prediction_error`` of its replay."""
+    ordered = sorted(rows, key=lambda r: r.arrival)
+    return prediction_error(ordered, replay(config, profile, ordered, seed=seed), queue_floor_ms)

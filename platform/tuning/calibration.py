@@ -1,0 +1,295 @@
+"""Engine models: a replica group's simulator constants calibrated from the traffic it served
+(engine/sim/traffic_fit.py), versioned per config, and the bound a tuning study holds them to.
+
+    queued ──claim──► fitting ──► fitted (a model: constants, fit and held-out errors)
+       │                 └──────► failed (the reason: the traffic could not be fitted, or the fit did not converge)
+       └─ cancel ─► cancelled
+
+A calibration is checked before it is queued (``create``): the group in the fleet, enough engine-served requests
+with the engine's timings in the window, one config version across it (a change inside the window is a 409, since
+constants fitted across two configs belong to neither). Nothing is stored for a refused one. In embedded mode a
+command cannot read the trace store (only the platform process opens chdb): it queues the calibration unchecked
+and the worker fails it with the same message.
+
+A model's lineage is the config version it was fitted under: ``newest`` returns the group's newest fitted model of
+the version the group runs now, so a config change starts afresh and the published constants are the fallback
+until a model of the new version exists.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import math
+from typing import Any
+
+from django.conf import settings
+from django.utils import timezone
+from fleet.state import FleetUnavailable, UnknownGroup, fleet_group
+from jobs import dispatch, leases
+from jobs.dispatch import JobKind
+from jobs.leases import LeaseLost
+from tenancy.models import Project
+from traces.store import get_store
+
+from engine.config import ConfigError, EngineConfig
+from engine.sim import traffic_fit as F
+from engine.sim.profiles import HardwareProfile, UnknownProfileError, hardware_profile
+
+from . import queries
+from .models import MODEL_ACTIVE_STATES, EngineModel, ModelState
+
+
+def cfg(name: str) -> Any:
+    return settings.TUNING[name]
+
+
+log = logging.getLogger(__name__)
+
+MODELS = JobKind(model=EngineModel, what="engine model", task="tuning.calibrate", queued=ModelState.QUEUED,
+                 started=ModelState.FITTING, running=(ModelState.FITTING,), cancelled=ModelState.CANCELLED,
+                 active=MODEL_ACTIVE_STATES, stale_seconds=lambda: cfg("STALE_SECONDS"),
+                 queued_grace_seconds=lambda: cfg("QUEUED_GRACE_SECONDS"))
+GATED = ("ttft_ms_p50", "tpot_ms_p50")  # the held-out figures a study's bound is on
+MAX_WINDOW = dt.timedelta(days=7)
+
+
+class CalibrationError(ValueError):
+    """A calibration refused: ``status`` 400 (bad input, too little traffic), 404 (no such group), 409 (the window
+    holds a config change, or the group runs another config than its traffic did)."""
+
+    def __init__(self, message: str, *, status: int = 400, field: str | None = None):
+        super().__init__(message)
+        self.status = status
+        self.field = field
+        self.problems = [message]
+
+
+def group_entry(group: str) -> EngineConfig:
+    """The group's engine config as the fleet runs it; CalibrationError 404 when the fleet has no such group."""
+    try:
+        entry, _groups, _live = fleet_group(group)
+    except UnknownGroup as exc:
+        raise CalibrationError(str(exc), status=404, field="group") from None
+    except FleetUnavailable as exc:
+        raise CalibrationError(str(exc), status=409, field="group") from None
+    try:
+        return EngineConfig.from_dict(entry.get("config") or {})
+    except ConfigError as exc:
+        raise CalibrationError(f"the group's engine config is invalid: {'; '.join(exc.problems)}",
+                               field="group") from None
+
+
+def _window(since: dt.datetime, until: dt.datetime) -> None:
+    if until <= since:
+        raise CalibrationError("the window must end after it starts", field="since")
+    if until - since > MAX_WINDOW:
+        raise CalibrationError("a calibration window is at most 7 days", field="since")
+
+
+def check_traffic(project, group: str, config: EngineConfig, since: dt.datetime, until: dt.datetime) -> str:
+    """The config version the window's traffic ran; CalibrationError naming what is missing or conflicting."""
+    served, timed, versions = queries.calibration_facts(get_store(), project.id, group=group, since=since,
+                                                        until=until)
+    need = cfg("CALIBRATION_MIN_REQUESTS")
+    if served < need:
+        raise CalibrationError(f"too little traffic: {served} engine-served requests of group {group!r} in the "
+                               f"window, at least {need} needed", field="since")
+    if timed < need:
+        raise CalibrationError(
+            f"only {timed} of {served} requests of group {group!r} carry the engine's timings (queue, TTFT and TPOT "
+            f"from an engine span; rows from client or gateway spans alone cannot be replayed): at least {need} "
+            "needed", field="group")
+    if len(versions) > 1:
+        raise CalibrationError(f"the group's config changed inside the window (versions {', '.join(versions)}): "
+                               "calibrate from after the change", status=409, field="since")
+    if versions and versions[0] != config.version:
+        raise CalibrationError(f"the window's traffic ran config {versions[0]}, the group now runs {config.version}: "
+                               "calibrate from traffic of the current config", status=409, field="since")
+    return versions[0] if versions else config.version
+
+
+def create(project, *, group: str, since: dt.datetime, until: dt.datetime | None = None, created_by: str = "",
+           read_traces: bool = True, enqueue: bool = True) -> EngineModel:
+    """A queued calibration of ``group`` over [since, until), every input checked first (CalibrationError)."""
+    until = until or timezone.now()
+    _window(since, until)
+    config = group_entry(group)
+    try:
+        hardware_profile(config.gpu_type)
+    except UnknownProfileError as exc:
+        raise CalibrationError(str(exc), field="group") from None
+    version = check_traffic(project, group, config, since, until) if read_traces else config.version
+    model = EngineModel.objects.create(project=project, group=group, config_version=version,
+                                       config=config.to_dict(), window_start=since, window_end=until,
+                                       created_by=created_by)
+    if enqueue:
+        dispatch.enqueue(MODELS, model.id)  # the broker away: the sweep starts it
+    return model
+
+
+def cancel(model: EngineModel) -> bool:
+    return dispatch.cancel(MODELS, model)
+
+
+def sweep() -> int:
+    return dispatch.sweep(MODELS)
+
+
+def observed_rows(project_id: int, group: str, since: dt.datetime, until: dt.datetime) -> list[F.Observed]:
+    """The group's requests in the window as the fit reads them (engine timings in ms; cached tokens 0 when not
+    reported)."""
+    rows = queries.calibration_rows(get_store(), project_id, group=group, since=since, until=until)
+    return [F.Observed(start, int(prompt), int(output), int(cached or 0), ttft_ms=ttft, tpot_ms=tpot, queue_ms=queue)
+            for start, prompt, output, cached, ttft, tpot, queue in rows]
+
+
+def execute(model_id: int) -> str | None:
+    """Fit one queued calibration; the state it ended in, None when another worker has it."""
+    model = dispatch.claim(MODELS, model_id, log)
+    if model is None:
+        return None
+    try:
+        with dispatch.lease(MODELS, model):
+            return _execute(model)
+    except LeaseLost:
+        log.warning("engine model %s: lease lost to another worker", model_id)
+        return None
+    except Exception as exc:  # noqa: BLE001 - a calibration ends failed, with the reason, rather than hanging
+        log.exception("engine model %s failed", model_id)
+        EngineModel.objects.filter(id=model.id, lease=model.lease).update(
+            state=ModelState.FAILED, reason=f"{exc.__class__.__name__}: {exc}"[:4000], finished_at=timezone.now())
+        return ModelState.FAILED
+
+
+def _fail(model: EngineModel, reason: str) -> str:
+    leases.leased_update(model, MODELS.what, state=ModelState.FAILED, reason=reason[:4000],
+                         finished_at=timezone.now())
+    return ModelState.FAILED
+
+
+def _execute(model: EngineModel) -> str:
+    config = EngineConfig.from_dict(model.config)
+    try:
+        check_traffic(model.project, model.group, config, model.window_start, model.window_end)
+    except CalibrationError as exc:
+        return _fail(model, str(exc))
+    rows = observed_rows(model.project_id, model.group, model.window_start, model.window_end)
+    try:
+        fit = F.fit(config, rows, min_requests=cfg("CALIBRATION_MIN_REQUESTS"))
+    except F.FitError as exc:
+        return _fail(model, str(exc))
+    if not math.isfinite(fit.cost) or not fit.held_out_error:
+        return _fail(model, f"the fit did not converge (objective {fit.cost}, no held-out figure)")
+    log.info("engine model %s: group %s fitted in %.1f s, held-out %s", model.id, model.group, fit.seconds,
+             fit.held_out_error)
+    leases.leased_update(
+        model, MODELS.what, state=ModelState.FITTED, base_profile=fit.base_profile, constants=fit.constants,
+        start_constants=fit.start_constants, fit_error=fit.fit_error, held_out_error=fit.held_out_error,
+        fit_requests=fit.fit_requests, held_out_requests=fit.held_out_requests, queue_floor_ms=fit.queue_floor_ms,
+        fit_seconds=fit.seconds, finished_at=timezone.now())
+    return ModelState.FITTED
+
+
+# ---------------------------------------------------------------------------------------------- use
+def held_out_worst(model: EngineModel) -> float | None:
+    """The larger |held-out error| of p50 TTFT and TPOT (the figures a study's bound is on); None when neither."""
+    values = [abs(model.held_out_error[k]) for k in GATED if k in (model.held_out_error or {})]
+    return max(values) if values else None
+
+
+def reliable(model: EngineModel) -> bool:
+    worst = held_out_worst(model)
+    return worst is not None and worst <= cfg("MODEL_ERROR_BOUND")
+
+
+def newest(project, group: str, config_version: str) -> EngineModel | None:
+    """The group's newest fitted model of this config version (its lineage); None: the published constants."""
+    return EngineModel.objects.filter(project=project, group=group, config_version=config_version,
+                                      state=ModelState.FITTED).order_by("-created_at", "-id").first()
+
+
+def profile_of(model: EngineModel) -> HardwareProfile:
+    return hardware_profile(model.base_profile).with_constants(**model.constants)
+
+
+def summary(model: EngineModel) -> dict[str, Any]:
+    worst = held_out_worst(model) if model.state == ModelState.FITTED else None
+    return {
+        "id": model.id, "group": model.group, "config_version": model.config_version, "state": model.state,
+        "reason": model.reason, "window": {"since": model.window_start.isoformat(),
+                                          "until": model.window_end.isoformat()},
+        "base_profile": model.base_profile, "constants": model.constants, "published": model.start_constants,
+        "fit_error": model.fit_error, "held_out_error": model.held_out_error, "fit_requests": model.fit_requests,
+        "held_out_requests": model.held_out_requests, "fit_seconds": model.fit_seconds,
+        "held_out_worst": worst, "error_bound": cfg("MODEL_ERROR_BOUND"),
+        "reliable": model.state == ModelState.FITTED and reliable(model),
+        "live": {"error": model.live_error, "requests": model.live_requests,
+                 "at": model.live_at.isoformat() if model.live_at else None},
+        "created_by": model.created_by, "created_at": model.created_at.isoformat(),
+        "finished_at": model.finished_at.isoformat() if model.finished_at else None,
+    }
+
+
+def calibrate_groups(now: dt.datetime | None = None) -> int:
+    """The periodic calibration: every (project, group) with enough engine-served traffic in the last window and
+    no model newer than the interval gets one queued. The number queued."""
+    interval = cfg("CALIBRATION_INTERVAL_SECONDS")
+    if interval <= 0:
+        return 0
+    now = now or timezone.now()
+    since = now - dt.timedelta(hours=cfg("CALIBRATION_WINDOW_HOURS"))
+    queued = 0
+    for project in Project.objects.all():
+        for group in queries.groups_with_traffic(get_store(), project.id, since=since, until=now,
+                                                 at_least=cfg("CALIBRATION_MIN_REQUESTS")):
+            recent = EngineModel.objects.filter(project=project, group=group,
+                                                created_at__gt=now - dt.timedelta(seconds=interval)).exists()
+            if recent:
+                continue
+            try:
+                create(project, group=group, since=since, until=now, created_by="schedule")
+            except CalibrationError as exc:
+                log.info("engine model of %s/%s not calibrated: %s", project.name, group, exc)
+                continue
+            queued += 1
+    return queued
+
+
+def newest_models() -> list[EngineModel]:
+    """Each (project, group, config version)'s newest fitted model: the ones whose error on live traffic is kept."""
+    seen, out = set(), []
+    for model in EngineModel.objects.filter(state=ModelState.FITTED).order_by("-created_at", "-id"):
+        key = (model.project_id, model.group, model.config_version)
+        if key not in seen:
+            seen.add(key)
+            out.append(model)
+    return out
+
+
+def refresh_live_error(model: EngineModel, now: dt.datetime | None = None) -> bool:
+    """The model's error on its group's latest traffic (the last TUNING_MODEL_LIVE_WINDOW_MINUTES, replayed with
+    the model's constants), kept on the model; False (nothing written) when that traffic is too little, or ran
+    another config than the model's."""
+    now = now or timezone.now()
+    since = now - dt.timedelta(minutes=cfg("MODEL_LIVE_WINDOW_MINUTES"))
+    served, timed, versions = queries.calibration_facts(get_store(), model.project_id, group=model.group,
+                                                        since=since, until=now)
+    if timed < cfg("MODEL_LIVE_MIN_REQUESTS") or versions not in ([model.config_version], []):
+        return False
+    rows = [r for r in observed_rows(model.project_id, model.group, since, now)
+            if r.ttft_ms is not None and r.tpot_ms is not None]
+    error = F.predict(EngineConfig.from_dict(model.config), profile_of(model), rows,
+                      queue_floor_ms=model.queue_floor_ms)
+    EngineModel.objects.filter(id=model.id).update(live_error=error, live_requests=len(rows), live_at=now)
+    return True
+
+
+def refresh_live_errors(now: dt.datetime | None = None) -> int:
+    """refresh_live_error for every newest model; how many were refreshed."""
+    done = 0
+    for model in newest_models():
+        try:
+            done += refresh_live_error(model, now)
+        except Exception:  # noqa: BLE001 - one group's trouble (a config the simulator refuses) spares the others
+            log.exception("engine model %s: live error not measured", model.id)
+    return done
