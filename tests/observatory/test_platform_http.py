@@ -101,11 +101,12 @@ def test_every_export_in_flight_at_sigterm_gets_an_answer(tmp_path, platform_pro
     outcomes: list[tuple[float, str, list[str]]] = []  # (first byte sent, outcome, trace ids)
     lock = threading.Lock()
 
-    def client(pace: float):
-        """Exports of ~500 KB sent in 32 KiB pieces `pace` s apart, on one kept-alive connection."""
+    def client(upload: float):
+        """Exports of ~500 KB sent in 32 KiB pieces over `upload` seconds, on one kept-alive connection."""
         sock = None
         while not signal_at or time.monotonic() < signal_at[0] + 1:
             body, ids = template.batch()
+            pace = upload / -(-len(body) // 32768)
             head = (f"POST /v1/traces HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/x-protobuf\r\n"
                     f"Authorization: Bearer {key}\r\nContent-Length: {len(body)}\r\n\r\n").encode()
             try:
@@ -136,7 +137,11 @@ def test_every_export_in_flight_at_sigterm_gets_an_answer(tmp_path, platform_pro
             with lock:
                 outcomes.append((began, outcome, ids))
 
-    threads = [threading.Thread(target=client, args=(pace,)) for pace in (0.0, 0.0, 0.01, 0.05, 0.2, 0.6)]
+    # The slowest client's first export (begun ~3 s before the signal) is still arriving at the drain deadline
+    # (signal + 4 s) and ends before the server stops reading it (2 s later): it must read a 503, not a reset.
+    # Its length is set in seconds, not per piece: a batch a few attributes longer once pushed a per-piece pace
+    # past the linger.
+    threads = [threading.Thread(target=client, args=(upload,)) for upload in (0.0, 0.0, 0.16, 0.8, 3.2, 8.0)]
     for thread in threads:
         thread.start()
     time.sleep(3)
@@ -147,10 +152,10 @@ def test_every_export_in_flight_at_sigterm_gets_an_answer(tmp_path, platform_pro
         thread.join(30)
     assert code == 0, platform.log_tail()
     # Begun before the signal: in flight. Each got an HTTP answer: 200, or 503 with a retry delay for a
-    # body still arriving at the drain deadline (the slowest client's, ~5 s of upload).
+    # body still arriving at the drain deadline (the slowest client's first).
     in_flight = [(outcome, ids) for began, outcome, ids in outcomes if began < signal_at[0]]
     assert in_flight and all(o == "200" or o == "503 retry-after=5" for o, _ in in_flight), \
-        [o for o, _ in in_flight]
+        [(round(began - signal_at[0], 3), outcome) for began, outcome, _ in outcomes if outcome != "200"]
     assert any(o == "200" for o, _ in in_flight)
     acked = [t for began, outcome, ids in outcomes if outcome == "200" for t in ids]
     platform.start()
