@@ -22,6 +22,9 @@ TESTS = Path(__file__).resolve().parent
 # in the background of unrelated live tests (tens of CPU seconds each): off in every platform the tests start,
 # unless a test turns it on. Its tests call it directly.
 os.environ.setdefault("TUNING_CALIBRATION_INTERVAL_SECONDS", "0")
+# Each platform's metadata database starts as a copy of one migrated once (benchkit.harness.copy_migrated_database):
+# ~3.5 s of CPU less per platform, of which the suites start about a hundred.
+os.environ.setdefault("OBSERVATORY_MIGRATED_TEMPLATES", "1")
 # Tests that touch neither the metadata database nor the broker run the same in both modes: the engine (its
 # simulator, gateway, launcher, real vLLM; no Django), the collectors, and modules marked mode_independent (pure
 # statistics, plans, searches in the simulator, the OTLP pipeline's spool and ClickHouse, where the database only
@@ -31,7 +34,9 @@ os.environ.setdefault("TUNING_CALIBRATION_INTERVAL_SECONDS", "0")
 # tests/engine's one test of the platform (runplatform --with-engine) is marked mode_dependent: both suites.
 # Tests marked one_suite(suite=...) do use the platform, but what they test is not the mode's: the pages in a real
 # browser (templates, scripts, forms; the data under them is the same API's, tested in both modes by the live
-# API tests) and the API document walked by the fuzzer. They too run once, in the suite named.
+# API tests), the API document walked by the fuzzer, and the long end-to-end scenarios (rollouts, runs, studies,
+# an alert, `make up`) whose mode-specific part (leases, two workers and a doubled beat on PostgreSQL and Redis) has
+# tests of its own in both modes. They too run once, in the suite named.
 SUITE_OF_DIRECTORY = {"engine": "server", "collectors": "server"}
 
 

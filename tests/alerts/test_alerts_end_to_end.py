@@ -22,6 +22,10 @@ from engine.config import EngineConfig
 from engine.loadgen import LengthRange, LoadSpec, run_load_sync
 from engine.telemetry import build_tracer_provider
 
+# An alert end to end from queueing traffic (~2.5 min). Run once, in embedded mode; exactly-once delivery under two
+# workers and a doubled beat, the mode's part, is tests/alerts/test_alerts_exactly_once.py's, in both.
+pytestmark = pytest.mark.one_suite(suite="embedded")
+
 SMALL = {"model": "meta-llama/Llama-3.1-8B-Instruct", "gpu_type": "H100", "max_num_seqs": 2}
 SLO_YAML = """
 project: alpha

@@ -14,7 +14,8 @@ import urllib.parse
 import pytest
 from benchkit.harness import PlatformProcess, free_port, free_port_pair
 
-pytestmark = pytest.mark.mode_dependent  # the platform itself: runs in both modes
+# `make up` end to end (the fleet, load, SIGTERM): run once, in embedded mode, `make up`'s default.
+pytestmark = pytest.mark.one_suite(suite="embedded")
 
 
 def _listening(port: int) -> bool:

@@ -37,6 +37,10 @@ from otlp_payloads import (
     vllm_resource,
 )
 
+# Hostile OTLP input over HTTP and gRPC: the ingest path, the same in both modes (the database only looks the key up,
+# as in the mode-independent ingest tests). Run once.
+pytestmark = pytest.mark.one_suite(suite="embedded")
+
 DAY_NS = 86_400 * 1_000_000_000
 
 

@@ -9,6 +9,10 @@ import time
 
 import pytest
 
+# Regression runs end to end (~2 min). Run once, in server mode; their mode's part (a job's lease and resume after a
+# restart, the broker) is the same code as the rollouts' and studies', whose worker tests run in both modes.
+pytestmark = pytest.mark.one_suite(suite="server")
+
 WORDS = ("latency", "decode", "prefill", "queue", "cache", "token", "batch", "kernel", "replica", "gateway")
 
 

@@ -8,6 +8,11 @@ import time
 
 import pytest
 
+# Rollouts end to end through the fleet (~7 min). Run once, in server mode, the deployment's; what is the mode's (two
+# workers and a doubled beat making each transition once, on PostgreSQL and Redis) is
+# tests/rollouts/test_rollouts_workers.py's, in both.
+pytestmark = pytest.mark.one_suite(suite="server")
+
 # Short steps for a test: 3 s settle, a first look after 12 s more, then every 3 s; a verdict on 20 requests a side.
 FAST = {"settle_seconds": 3, "window_seconds": 12, "look_every_seconds": 3, "min_requests": 20,
         "max_extensions": 1}

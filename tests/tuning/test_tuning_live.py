@@ -13,6 +13,11 @@ import time
 import optuna
 import pytest
 
+# Studies end to end through the fleet (~3 min). Run once, in embedded mode, to balance the suites (tuning's
+# calibration and browser tests run in server mode); the lease and resume they rely on are jobs' own, whose worker
+# tests run in both modes.
+pytestmark = pytest.mark.one_suite(suite="embedded")
+
 
 def overlapping_trials(trials: list[dict]) -> list[tuple[int, int]]:
     """Pairs of trial numbers whose runs (Optuna's start and completion times) overlap in time."""
