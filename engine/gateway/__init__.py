@@ -4,9 +4,21 @@ Clients (the load generator, users) talk to it as to vLLM; it forwards each requ
 replica (vLLM or the simulator), streaming answers through chunk by chunk, and emits
 one OTel GenAI SERVER span per request that the platform reads as the GATEWAY hop.
 """
-from engine.gateway.app import GATEWAY_KEY, Gateway, build_gateway_app
-from engine.gateway.server import RunningGateway, main, serve_gateway, start_gateway
-from engine.gateway.settings import GatewaySettings, GroupSpec, RoutesError, load_routes, parse_routes
+import importlib
+
+# The names below load on first use (PEP 562): a module that needs only the cache's settings (engine.launcher.
+# fleet_spec, and through it every Django process) does not pay for aiohttp and redis.
+_HOMES = {"GATEWAY_KEY": "app", "Gateway": "app", "build_gateway_app": "app", "RunningGateway": "server",
+          "main": "server", "serve_gateway": "server", "start_gateway": "server", "GatewaySettings": "settings",
+          "GroupSpec": "settings", "RoutesError": "settings", "load_routes": "settings", "parse_routes": "settings"}
+
+
+def __getattr__(name: str):
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'engine.gateway' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"engine.gateway.{home}"), name)
+
 
 __all__ = [
     "GATEWAY_KEY",

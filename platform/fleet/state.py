@@ -7,7 +7,6 @@ from pathlib import Path
 
 from django.conf import settings
 
-from engine.launcher.cli import default_fleet_file, fetch_fleet
 from engine.launcher.fleet_spec import FleetSpec, FleetSpecError
 from engine.launcher.run_dir import read_state_file
 
@@ -20,6 +19,14 @@ class UnknownGroup(LookupError):
     """The fleet has no replica group of that name (a rollout's canary group is not one of the fleet's)."""
 
 
+def _launcher_cli():
+    """engine.launcher.cli, imported on first use: it brings the fleet's controller and the gateway (aiohttp,
+    redis), ~0.4 s that every Django process (each manage.py command, each worker) would pay at start."""
+    from engine.launcher import cli
+
+    return cli
+
+
 def fleet_spec():
     """The fleet file the platform manages, read the way ``manage.py engine`` reads it (FleetSpecError)."""
     env = dict(os.environ)
@@ -27,7 +34,7 @@ def fleet_spec():
         # The default fleet runs from the platform's data directory (as `manage.py engine up` starts it);
         # a fleet file of one's own keeps its own run_dir.
         env.setdefault("ENGINE_RUN_DIR", str(Path(settings.DATA_DIR) / "engine"))
-    return FleetSpec.load(default_fleet_file(), env=env)
+    return FleetSpec.load(_launcher_cli().default_fleet_file(), env=env)
 
 
 def fleet_state() -> dict:
@@ -40,7 +47,7 @@ def fleet_state() -> dict:
         spec = fleet_spec()
     except FleetSpecError as exc:
         return {"running": False, "fleet": None, "error": "invalid fleet file", "problems": exc.problems}
-    snapshot = fetch_fleet(spec, timeout=2.0)
+    snapshot = _launcher_cli().fetch_fleet(spec, timeout=2.0)
     if snapshot is not None:
         return {"running": True, "fleet": snapshot}
     return {"running": False, "fleet": None, "last_state": read_state_file(spec.run_dir)}

@@ -65,14 +65,13 @@ def check_evaluators(evaluators: Any) -> list[dict]:
                 raise EvaluatorError(f"{where}.pattern does not compile: {exc}") from None
         elif kind == "json_schema":
             # jsonschema on first use (~90 ms to import): only datasets with this evaluator need it.
-            from jsonschema import Draft202012Validator
-            from jsonschema.exceptions import SchemaError
+            import jsonschema
 
             if not isinstance(spec.get("schema"), dict):
                 raise EvaluatorError(f"{where}.schema must be a JSON Schema object")
             try:
-                Draft202012Validator.check_schema(spec["schema"])
-            except SchemaError as exc:
+                jsonschema.Draft202012Validator.check_schema(spec["schema"])
+            except jsonschema.exceptions.SchemaError as exc:
                 raise EvaluatorError(f"{where}.schema is not a valid JSON Schema: {exc.message}") from None
         elif kind in DEFAULT_THRESHOLD:
             threshold = spec.get("threshold", DEFAULT_THRESHOLD[kind])
