@@ -1,6 +1,8 @@
 """Engine page: the managed fleet's groups (weights, config versions, models), replicas (state, restarts), the
 engine knobs that differ between groups, and small live charts of each replica's vLLM metrics (running and
-waiting requests, KV cache usage, speculative decoding acceptance), read from the replicas' own /metrics.
+waiting requests, KV cache usage, speculative decoding acceptance), read from the replicas' own /metrics; and the
+project's engine models (tuning.calibration): per group, the newest calibration's constants, its error and a
+predicted-vs-observed chart per figure.
 
 The knob values are the fleet's internals: project admins see them (as GET /api/v1/engine's `detail: full`)."""
 from __future__ import annotations
@@ -11,6 +13,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
 from fleet import replica_metrics
 from fleet.state import fleet_state, summary_of
+from tuning import calibration
 
 from .access import Viewer, page
 from .views import _base
@@ -40,8 +43,14 @@ def engine(request: HttpRequest, viewer: Viewer) -> HttpResponse:
     for name, verdict in ((fleet or {}).get("gateway_upstreams") or {}).items() if isinstance(
             (fleet or {}).get("gateway_upstreams"), dict) else []:
         upstreams[name] = verdict
+    versions = {g.get("name"): g.get("config_version") for g in (summary or {}).get("groups") or []}
+    models = [calibration.page_row(m, versions.get(m.group)) for m in calibration.newest_per_group(viewer.project_id)]
     context = _base(request, viewer, "engine", running=state.get("running", False), summary=summary,
-                    error=state.get("error"), differ=differ, same=same, admin=admin, upstreams=upstreams)
+                    error=state.get("error"), differ=differ, same=same, admin=admin, upstreams=upstreams,
+                    models=models, model_curves={str(m["id"]): m["curves"] for m in models},
+                    min_requests=calibration.cfg("CALIBRATION_MIN_REQUESTS"),
+                    live_min=calibration.cfg("MODEL_LIVE_MIN_REQUESTS"),
+                    check_minutes=round(calibration.cfg("CALIBRATION_CHECK_SECONDS") / 60))
     return render(request, "dashboards/engine.html", context)
 
 

@@ -45,6 +45,13 @@ def percent(value) -> str:
 
 
 @register.filter
+def signed_percent(value) -> str:
+    """A relative change or error (0.12) as "+12 %"; '–' when not measured."""
+    value = _number(value)
+    return "–" if value is None else f"{100.0 * value:+.0f} %".replace("-", "−")
+
+
+@register.filter
 def share_of(part, whole) -> str:
     """part / whole as a percentage ('–' when either is missing or whole is not positive)."""
     part, whole = _number(part), _number(whole)

@@ -42,6 +42,8 @@ BOUNDS = {"mfu": (0.005, 1.0), "bandwidth_efficiency": (0.01, 1.0), "step_overhe
 SPAN = 4.0  # the global pass searches each constant within [start / SPAN, start · SPAN] (and BOUNDS)
 FIGURES = ("ttft_ms", "tpot_ms", "queue_ms")
 QUANTILES = (50, 95)
+CURVE_QUANTILES = (5, 10, 25, 50, 75, 90, 95, 99)  # the predicted-vs-observed curves the engine page draws
+MOVED_AT = 0.10  # a cost whose replay at the same batches is off by this much or more is named as moved
 HELD_OUT_SHARE = 0.2
 MIN_REQUESTS = 200  # requests with engine timings in the fitting slice (fewer: refused)
 SAMPLE_REQUESTS = 1600  # scored requests replayed per objective evaluation (a longer slice is sampled)
@@ -86,6 +88,7 @@ class Fit:
     seconds: float
     cost: float
     queue_floor_ms: float
+    held_out_curves: dict[str, dict[str, list[float]]] = dataclasses.field(default_factory=dict)
 
     def profile(self) -> HardwareProfile:
         return hardware_profile(self.base_profile).with_constants(**self.constants)
@@ -240,6 +243,79 @@ def prediction_error(rows: Sequence[Observed], predicted: Sequence, queue_floor_
     return out
 
 
+def curves(rows: Sequence[Observed], predicted: Sequence) -> dict[str, dict[str, list[float]]]:
+    """{"ttft_ms": {"q": [5, 10, ...], "observed": [ms, ...], "predicted": [ms, ...]}, ...}: each figure's quantiles
+    at CURVE_QUANTILES, observed and predicted, over the rows that report it (the engine page's charts). A figure no
+    row reports is left out."""
+    out: dict[str, dict[str, list[float]]] = {}
+    for index, figure in enumerate(FIGURES):
+        pairs = [(getattr(row, figure), p[index]) for row, p in zip(rows, predicted)
+                 if p is not None and getattr(row, figure) is not None and p[index] is not None]
+        if not pairs:
+            continue
+        obs, pred = sorted(o for o, _ in pairs), sorted(p for _, p in pairs)
+        out[figure] = {"q": list(CURVE_QUANTILES),
+                       "observed": [round(percentile(obs, q), 3) for q in CURVE_QUANTILES],
+                       "predicted": [round(percentile(pred, q), 3) for q in CURVE_QUANTILES]}
+    return out
+
+
+# The costs a drift can move, as the replay tells them apart: requests replayed at their observed arrivals run
+# in about the batches they ran in, so a decode step that takes longer than the model's at the same batch sizes
+# shows as TPOT above the replay's, and a slower prefill as the engine's TTFT less its queue above the replay's.
+COSTS = {"decode": "decode step time", "prefill": "prefill time"}
+
+
+def moved_costs(rows: Sequence[Observed], predicted: Sequence) -> dict[str, float]:
+    """{"decode": observed / predicted - 1 of the mean TPOT, "prefill": the same of the mean (engine TTFT - queue)}
+    over the rows that report them; a cost no row reports is left out."""
+    sums = {"decode": [0.0, 0.0], "prefill": [0.0, 0.0]}
+    for row, guess in zip(rows, predicted):
+        if guess is None:
+            continue
+        if row.tpot_ms is not None and guess[1] is not None:
+            sums["decode"][0] += row.tpot_ms
+            sums["decode"][1] += guess[1]
+        if row.ttft_ms is not None and row.queue_ms is not None:
+            sums["prefill"][0] += max(0.0, row.ttft_ms - row.queue_ms)
+            sums["prefill"][1] += max(0.0, guess[0] - guess[2])
+    return {cost: round(observed / predicted - 1.0, 4) for cost, (observed, predicted) in sums.items()
+            if observed > 0 and predicted > 0}
+
+
+def diagnosis(moved: dict[str, float], *, at: float = MOVED_AT) -> str:
+    """What moved, as a sentence: "decode step time +35 % at the same batch sizes" (the costs off by `at` or more,
+    the largest first), or that none did."""
+    named = sorted(((abs(v), cost, v) for cost, v in moved.items() if abs(v) >= at), reverse=True)
+    if not named:
+        return f"no cost moved by {at:.0%} or more from the model's at the same batch sizes"
+    parts = [f"{COSTS[cost]} {v * 100:+.0f} %" for _, cost, v in named]
+    return ", ".join(parts) + " at the same batch sizes"
+
+
+@dataclasses.dataclass
+class Comparison:
+    """A model against traffic it did not fit: its relative errors, the quantile curves, the costs that moved."""
+
+    error: dict[str, float]
+    curves: dict[str, dict[str, list[float]]]
+    moved: dict[str, float]
+    requests: int
+
+    @property
+    def diagnosis(self) -> str:
+        return diagnosis(self.moved)
+
+
+def compare(config: EngineConfig, profile: HardwareProfile, rows: Sequence[Observed], *, queue_floor_ms: float,
+            seed: int = 0) -> Comparison:
+    """Replay ``rows`` (the latest traffic) with the model's profile and compare: errors, curves, moved costs."""
+    ordered = sorted(rows, key=lambda r: r.arrival)
+    predicted = replay(config, profile, ordered, seed=seed)
+    return Comparison(error=prediction_error(ordered, predicted, queue_floor_ms), curves=curves(ordered, predicted),
+                      moved=moved_costs(ordered, predicted), requests=len(ordered))
+
+
 def split(rows: Sequence[Observed]) -> tuple[list[Observed], list[Observed]]:
     """(fitting slice, held-out slice): the window's first four fifths by time, and its last fifth."""
     ordered = sorted(rows, key=lambda r: r.arrival)
@@ -313,7 +389,8 @@ def fit(config: EngineConfig, rows: Sequence[Observed], *, base: HardwareProfile
                fit_error=prediction_error(fitting, predicted[:len(fitting)], queue_floor),
                held_out_error=prediction_error(held_out, predicted[len(fitting):], queue_floor),
                fit_requests=len(fitting), held_out_requests=len(held_out), evaluations=problem.evaluations,
-               seconds=time.monotonic() - started, cost=best_cost, queue_floor_ms=queue_floor)
+               seconds=time.monotonic() - started, cost=best_cost, queue_floor_ms=queue_floor,
+               held_out_curves=curves(held_out, predicted[len(fitting):]))
 
 
 def _soft_l1(r: float) -> float:
@@ -323,5 +400,4 @@ def _soft_l1(r: float) -> float:
 def predict(config: EngineConfig, profile: HardwareProfile, rows: Sequence[Observed], *, queue_floor_ms: float,
             seed: int = 0) -> dict[str, float]:
     """A model's prediction error on ``rows`` (the latest traffic): ``prediction_error`` of its replay."""
-    ordered = sorted(rows, key=lambda r: r.arrival)
-    return prediction_error(ordered, replay(config, profile, ordered, seed=seed), queue_floor_ms)
+    return compare(config, profile, rows, queue_floor_ms=queue_floor_ms, seed=seed).error

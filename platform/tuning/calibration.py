@@ -180,11 +180,16 @@ def _execute(model: EngineModel) -> str:
         return _fail(model, str(exc))
     if not math.isfinite(fit.cost) or not fit.held_out_error:
         return _fail(model, f"the fit did not converge (objective {fit.cost}, no held-out figure)")
+    if EngineModel.objects.filter(id=model.id, cancel_requested=True).exists():
+        # Cancelled while it was fitting: the fit is dropped, not stored as a model a study would use.
+        leases.leased_update(model, MODELS.what, state=ModelState.CANCELLED, finished_at=timezone.now())
+        return ModelState.CANCELLED
     log.info("engine model %s: group %s fitted in %.1f s, held-out %s", model.id, model.group, fit.seconds,
              fit.held_out_error)
     leases.leased_update(
         model, MODELS.what, state=ModelState.FITTED, base_profile=fit.base_profile, constants=fit.constants,
         start_constants=fit.start_constants, fit_error=fit.fit_error, held_out_error=fit.held_out_error,
+        held_out_curves=fit.held_out_curves,
         fit_requests=fit.fit_requests, held_out_requests=fit.held_out_requests, queue_floor_ms=fit.queue_floor_ms,
         fit_seconds=fit.seconds, finished_at=timezone.now())
     return ModelState.FITTED
@@ -223,8 +228,10 @@ def summary(model: EngineModel) -> dict[str, Any]:
         "held_out_requests": model.held_out_requests, "fit_seconds": model.fit_seconds,
         "held_out_worst": worst, "error_bound": cfg("MODEL_ERROR_BOUND"),
         "reliable": model.state == ModelState.FITTED and reliable(model),
+        "held_out_curves": model.held_out_curves,
         "live": {"error": model.live_error, "requests": model.live_requests,
-                 "at": model.live_at.isoformat() if model.live_at else None},
+                 "at": model.live_at.isoformat() if model.live_at else None, "curves": model.live_curves,
+                 "moved": model.live_moved, "diagnosis": F.diagnosis(model.live_moved) if model.live_moved else None},
         "created_by": model.created_by, "created_at": model.created_at.isoformat(),
         "finished_at": model.finished_at.isoformat() if model.finished_at else None,
     }
@@ -266,6 +273,42 @@ def newest_models() -> list[EngineModel]:
     return out
 
 
+def newest_per_group(project_id: int) -> list[EngineModel]:
+    """The project's newest fitted model of each group (whatever its config version), by group name."""
+    out: dict[str, EngineModel] = {}
+    for model in EngineModel.objects.filter(project_id=project_id, state=ModelState.FITTED).order_by(
+            "group", "-created_at", "-id"):
+        out.setdefault(model.group, model)
+    return list(out.values())
+
+
+FIGURE_LABELS = {"ttft_ms": "TTFT (engine core)", "tpot_ms": "TPOT", "queue_ms": "Queue time"}
+
+
+def page_row(model: EngineModel, current_version: str | None) -> dict[str, Any]:
+    """One model as the engine page shows it: its errors, its constants against the published ones, the curves
+    (the latest traffic's when measured, else the held-out slice's) and what moved."""
+    live = bool(model.live_curves)
+    worst = held_out_worst(model)
+    return {
+        "id": model.id, "group": model.group, "config_version": model.config_version,
+        "current": current_version is None or current_version == model.config_version,
+        "window_start": model.window_start, "window_end": model.window_end, "created_by": model.created_by,
+        "constants": [{"name": name, "value": value, "published": (model.start_constants or {}).get(name),
+                       "change": value / model.start_constants[name] - 1
+                       if (model.start_constants or {}).get(name) else None}
+                      for name, value in sorted((model.constants or {}).items())],
+        "held_out_worst": worst, "reliable": reliable(model), "bound": cfg("MODEL_ERROR_BOUND"),
+        "live_error": {k: model.live_error.get(k) for k in GATED} if model.live_error else None,
+        "live_requests": model.live_requests, "live_at": model.live_at,
+        "diagnosis": F.diagnosis(model.live_moved) if model.live_moved else None,
+        "curves_from": "latest traffic" if live else "held-out slice",
+        "figures": [(figure, FIGURE_LABELS[figure]) for figure in F.FIGURES
+                    if figure in (model.live_curves if live else model.held_out_curves or {})],
+        "curves": model.live_curves if live else (model.held_out_curves or {}),
+    }
+
+
 def refresh_live_error(model: EngineModel, now: dt.datetime | None = None) -> bool:
     """The model's error on its group's latest traffic (the last TUNING_MODEL_LIVE_WINDOW_MINUTES, replayed with
     the model's constants), kept on the model; False (nothing written) when that traffic is too little, or ran
@@ -278,9 +321,14 @@ def refresh_live_error(model: EngineModel, now: dt.datetime | None = None) -> bo
         return False
     rows = [r for r in observed_rows(model.project_id, model.group, since, now)
             if r.ttft_ms is not None and r.tpot_ms is not None]
-    error = F.predict(EngineConfig.from_dict(model.config), profile_of(model), rows,
-                      queue_floor_ms=model.queue_floor_ms)
-    EngineModel.objects.filter(id=model.id).update(live_error=error, live_requests=len(rows), live_at=now)
+    seen = F.compare(EngineConfig.from_dict(model.config), profile_of(model), rows,
+                     queue_floor_ms=model.queue_floor_ms)
+    EngineModel.objects.filter(id=model.id).update(live_error=seen.error, live_curves=seen.curves,
+                                                   live_moved=seen.moved, live_requests=len(rows), live_at=now)
+    worst = max((abs(seen.error[k]) for k in GATED if k in seen.error), default=0.0)
+    if worst > cfg("MODEL_ERROR_BOUND"):
+        log.warning("engine model %s of %s/%s drifts: live error %.0f %% (bound %.0f %%): %s", model.id,
+                    model.project_id, model.group, worst * 100, cfg("MODEL_ERROR_BOUND") * 100, seen.diagnosis)
     return True
 
 

@@ -122,6 +122,8 @@ class EngineModel(models.Model):
     start_constants = models.JSONField(default=dict)  # the published values it started from
     fit_error = models.JSONField(default=dict)  # {"ttft_ms_p50": relative error, ...} on the fitting slice
     held_out_error = models.JSONField(default=dict)  # the same on the held-out slice (the window's last fifth)
+    # {"ttft_ms": {"q": [5, ...], "observed": [...], "predicted": [...]}, ...} on the held-out slice
+    held_out_curves = models.JSONField(default=dict)
     fit_requests = models.PositiveIntegerField(default=0)
     held_out_requests = models.PositiveIntegerField(default=0)
     queue_floor_ms = models.FloatField(default=1.0)
@@ -129,6 +131,9 @@ class EngineModel(models.Model):
     # The model's error on the group's latest traffic (the same figures as held_out_error), refreshed by the
     # worker: a rising error is the group's hardware or software drifting from what the model learned.
     live_error = models.JSONField(default=dict)
+    live_curves = models.JSONField(default=dict)  # as held_out_curves, on the latest traffic
+    # {"decode": +0.35, "prefill": -0.02}: each cost's change at the same batch sizes, observed against the model's
+    live_moved = models.JSONField(default=dict)
     live_requests = models.PositiveIntegerField(default=0)
     live_at = models.DateTimeField(null=True, blank=True)
     created_by = models.CharField(max_length=150, blank=True, default="")  # a user, or "schedule"

@@ -66,7 +66,10 @@ def dash(tmp_path_factory, playwright_api, receiver):  # playwright_api: no plat
                    ("dashboard_login", "--user", "ops", "--project", "other", "--role", "viewer")),
             start_timeout=120,
             # SLOs evaluated every 2 s and a page firing 1 s after it became pending: an alert within seconds.
+            # Engine models: calibrated from 40 requests, their live error measured every 5 s.
             env={"SLO_EVALUATE_INTERVAL_SECONDS": "2", "ALERTS_PAGE_FOR_SECONDS": "1",
+                 "TUNING_CALIBRATION_MIN_REQUESTS": "40", "TUNING_MODEL_LIVE_MIN_REQUESTS": "20",
+                 "TUNING_CALIBRATION_CHECK_SECONDS": "5",
                  "NOTIFY_ALLOW_PRIVATE_DESTINATIONS": f"127.0.0.1:{receiver.port}"}) as platform:
         process = platform.process
         passwords = {user: dashboard_password(output) for user, output in zip(logins, platform.outputs)}
@@ -487,7 +490,31 @@ def test_channels_create_with_the_secret_shown_once_and_a_test_send(admin, ops, 
     admin.page.screenshot(path=str(shots / "channel.png"), full_page=True)
 
 
-def test_engine_page_shows_groups_replicas_the_knob_diff_and_live_metrics(admin, shots):
+def _calibrated(dash, group: str) -> dict:
+    """The group's engine model, calibrated through the API from the traffic it served, its live error measured."""
+    body = json.dumps({"group": group, "window_hours": 1}).encode()
+    deadline = time.monotonic() + 180
+    while True:  # the group's traffic (a share of 4 req/s) may still be short of the minimum: 400, nothing stored
+        status, _, answer = dash["process"].post("/api/v1/engine-models?project=default", body, {
+            "Authorization": f"Bearer {dash['token']}", "Content-Type": "application/json"})
+        if status != 400 or b"too little traffic" not in answer or time.monotonic() > deadline:
+            break
+        time.sleep(5)
+    assert status == 202, answer
+    model_id = json.loads(answer)["id"]
+    model = {}
+    while time.monotonic() < deadline:
+        model = _api(dash, f"/api/v1/engine-models/{model_id}")
+        assert model["state"] in ("queued", "fitting", "fitted"), model
+        if model["state"] == "fitted" and model["live"]["at"]:
+            return model
+        time.sleep(1)
+    raise AssertionError(model)
+
+
+def test_engine_page_shows_groups_replicas_the_knob_diff_and_live_metrics(admin, dash, shots):
+    model = _calibrated(dash, "baseline")
+    assert set(model["held_out_curves"]) >= {"ttft_ms", "tpot_ms"} and model["live"]["diagnosis"], model
     admin.goto("/engine/")
     assert sorted(admin.page.locator("table.groups tbody th").all_inner_texts()) == ["baseline", "canary"]
     states = admin.page.locator("table.replicas tbody td:nth-child(3)").all_inner_texts()
@@ -497,6 +524,16 @@ def test_engine_page_shows_groups_replicas_the_knob_diff_and_live_metrics(admin,
         "document.querySelectorAll('[data-live][data-drawn]').length === 3 && "
         "+document.querySelector('[data-live=kv_cache]').getAttribute('data-drawn') >= 2", timeout=20_000)
     assert admin.page.locator("[data-live] canvas").count() == 3
+    # The group's engine model: its row (the live TPOT error and what moved, as the API has them) and a
+    # predicted-vs-observed chart per figure, from the latest traffic.
+    row = admin.page.locator("table.models tbody tr[data-group=baseline]")
+    assert row.count() == 1 and row.get_attribute("data-model") == str(model["id"])
+    assert row.locator("td.diagnosis").inner_text().startswith(model["live"]["diagnosis"])
+    assert admin.page.locator("table.models tbody tr[data-group=canary]").count() == 0  # not calibrated
+    charts = len(model["live"]["curves"])
+    admin.page.wait_for_function(f"document.querySelectorAll('[data-model-curve][data-drawn]').length === {charts}",
+                                 timeout=10_000)
+    assert admin.page.get_by_text("model against observed, by quantile (latest traffic)").count() == 1
     admin.page.screenshot(path=str(shots / "engine.png"), full_page=True)
 
 

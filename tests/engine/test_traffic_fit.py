@@ -74,3 +74,40 @@ def test_a_long_window_is_fitted_on_stretches_with_a_lead_in():
     for lead, start, end in stretches[1:]:
         assert rows[start].arrival - rows[lead].arrival == pytest.approx(F.LEAD_SECONDS, abs=0.11)
     assert F._stretches(rows[:5000], 2500) == [(0, 0, 5000)]
+
+
+def test_the_cost_that_moved_is_named(fitted):
+    """The drift the live error watches for. The group's decode steps slow down (its bandwidth efficiency falls by a
+    quarter, as a degraded GPU or a driver update would): replayed with the fitted model at the same arrivals, the
+    latest traffic's TPOT is off by about that, more than its prefill (a short prompt's prefill reads the weights
+    too, so it slows a little), and the diagnosis names decode first. Its prefill slows instead (MFU down by 30 %):
+    prefill is named first. The same traffic without a drift: nothing moved."""
+    config, truth, fit = fitted
+    requests = B.other_workload(1)
+
+    def seen(profile):
+        return F.compare(config, fit.profile(), B.observe(config, profile, requests), queue_floor_ms=fit.queue_floor_ms)
+
+    decode = seen(truth.with_constants(bandwidth_efficiency=truth.bandwidth_efficiency * 0.75))
+    assert 0.15 < decode.moved["decode"] < 0.4 and decode.moved["decode"] > 1.5 * decode.moved["prefill"], decode.moved
+    assert decode.diagnosis.startswith("decode step time +"), decode.diagnosis
+    assert decode.error["tpot_ms_p50"] < -0.15, decode.error  # the model now predicts too fast a TPOT
+    prefill = seen(truth.with_constants(mfu=truth.mfu * 0.7))
+    # (Decode slows too, half as much: a decode step that shares its batch with a prefill chunk waits for it.)
+    assert prefill.moved["prefill"] > 0.15 and prefill.moved["prefill"] > 1.5 * prefill.moved["decode"], prefill.moved
+    assert prefill.diagnosis.startswith("prefill time +"), prefill.diagnosis
+    calm = seen(truth)
+    assert all(abs(v) < F.MOVED_AT for v in calm.moved.values()), calm.moved
+    assert calm.diagnosis.startswith("no cost moved"), calm.diagnosis
+    # The page's curves: each figure's quantiles, observed and replayed, rising with the quantile.
+    assert set(decode.curves) == set(F.FIGURES)
+    tpot = decode.curves["tpot_ms"]
+    assert tpot["q"] == list(F.CURVE_QUANTILES) and len(tpot["observed"]) == len(tpot["predicted"]) == len(tpot["q"])
+    assert tpot["observed"] == sorted(tpot["observed"]) and tpot["observed"][3] > tpot["predicted"][3]
+
+
+def test_the_diagnosis_names_each_moved_cost_largest_first():
+    assert F.diagnosis({"decode": 0.35, "prefill": -0.02}) == "decode step time +35 % at the same batch sizes"
+    assert F.diagnosis({"decode": 0.12, "prefill": -0.4}) == \
+        "prefill time -40 %, decode step time +12 % at the same batch sizes"
+    assert F.diagnosis({"decode": 0.05}).startswith("no cost moved by 10% or more")

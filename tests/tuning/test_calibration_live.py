@@ -101,12 +101,16 @@ def test_a_calibration_from_served_traffic_finds_the_secret_constants(world, tmp
     assert model["live"]["requests"] >= 50, model["live"]
     assert set(model["live"]["error"]) >= {"ttft_ms_p50", "tpot_ms_p50"}
     assert abs(model["live"]["error"]["tpot_ms_p50"]) <= 0.15, model["live"]
+    # Which costs moved since the fit (the same traffic: none by much), and the curves the engine page draws.
+    assert set(model["live"]["moved"]) == {"decode", "prefill"} and model["live"]["diagnosis"], model["live"]
+    assert set(model["live"]["curves"]) == {"ttft_ms", "tpot_ms", "queue_ms"} == set(model["held_out_curves"])
     request = urllib.request.Request(world.process.url + "/metrics",
                                      headers={"Authorization": f"Bearer {world.token}"})
     with urllib.request.urlopen(request, timeout=30) as response:
         text = response.read().decode()
     assert ('observatory_engine_model_error_ratio{figure="tpot_ms",group="secret",project="default",quantile="p50",'
             'slice="live"}') in text
+    assert 'observatory_engine_model_cost_change_ratio{cost="decode",group="secret",project="default"}' in text
     with urllib.request.urlopen(world.process.url + "/metrics", timeout=30) as response:
         assert "observatory_engine_model_error_ratio{" not in response.read().decode()  # no token: no project's
 

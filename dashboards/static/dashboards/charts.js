@@ -131,10 +131,25 @@
     });
   }
 
+  // The engine page's engine models: a figure's quantiles, observed and as the model replays them (x: the quantile).
+  function drawModelCurves(data) {
+    var ms = function (u, v) { return v == null ? "–" : fmt(v) + " ms"; };
+    document.querySelectorAll("[data-model-curve]").forEach(function (node) {
+      var at = node.getAttribute("data-model-curve").split(":"), d = (data[at[0]] || {})[at[1]];
+      if (!d || !d.q.length) { return; }
+      make(node, [{label: "quantile", value: function (u, v) { return v == null ? "–" : "p" + v; }},
+                  line("observed", COLORS.p50, null, {value: ms}),
+                  line("model", COLORS.p95, null, {value: ms, dash: [6, 4]})],
+           [d.q, d.observed, d.predicted], true);
+    });
+  }
+
   function draw() {
     charts.forEach(function (c) { c.chart.destroy(); });
     charts = [];
     if (typeof uPlot === "undefined") { return; }
+    var models = read("engine-model-data");
+    if (models) { drawModelCurves(models); return; }
     var ecdf = read("regression-data");
     if (ecdf) { drawEcdf(ecdf); return; }
     var slo = read("slo-data");
