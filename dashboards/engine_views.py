@@ -49,6 +49,7 @@ def engine(request: HttpRequest, viewer: Viewer) -> HttpResponse:
                     error=state.get("error"), differ=differ, same=same, admin=admin, upstreams=upstreams,
                     models=models, model_curves={str(m["id"]): m["curves"] for m in models},
                     min_requests=calibration.cfg("CALIBRATION_MIN_REQUESTS"),
+                    periodic=calibration.cfg("CALIBRATION_INTERVAL_SECONDS") > 0,
                     live_min=calibration.cfg("MODEL_LIVE_MIN_REQUESTS"),
                     check_minutes=round(calibration.cfg("CALIBRATION_CHECK_SECONDS") / 60))
     return render(request, "dashboards/engine.html", context)

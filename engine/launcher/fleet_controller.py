@@ -134,6 +134,8 @@ class FleetController:
             self.control_token = read_or_create_token(self.run_dir / CONTROL_TOKEN_FILE)
             self.gateway_token = self._gateway_token()
             loop = asyncio.get_running_loop()
+            # Signal handlers only where they can be had: a loop outside the main thread (RuntimeError) or one without
+            # them (NotImplementedError) is left to its owner, who stops the controller with request_stop.
             for sig in (signal.SIGTERM, signal.SIGINT):
                 with contextlib.suppress(NotImplementedError, RuntimeError):
                     loop.add_signal_handler(sig, self.request_stop)

@@ -222,19 +222,23 @@ def _bin_residuals(rows: Sequence[Observed], guesses: Sequence, floor: float) ->
     return out[0], out[1], out[2]
 
 
+def _sorted_figure(rows: Sequence[Observed], predicted: Sequence, index: int) -> tuple[list[float], list[float]]:
+    """(observed, predicted) values of FIGURES[index], each sorted, over the rows where both exist."""
+    figure = FIGURES[index]
+    pairs = [(getattr(row, figure), p[index]) for row, p in zip(rows, predicted)
+             if p is not None and getattr(row, figure) is not None and p[index] is not None]
+    return sorted(o for o, _ in pairs), sorted(p for _, p in pairs)
+
+
 def prediction_error(rows: Sequence[Observed], predicted: Sequence, queue_floor_ms: float) -> dict[str, float]:
     """{"ttft_ms_p50": (predicted - observed) / observed, ...}: each figure's quantiles, predicted against observed,
     over the rows that report the figure (the queue's relative to max(observed, floor)). A figure no row reports
     is left out."""
     out: dict[str, float] = {}
     for index, figure in enumerate(FIGURES):
-        observed = [getattr(row, figure) for row in rows]
-        pairs = [(o, p[index]) for o, p in zip(observed, predicted) if o is not None and p is not None
-                 and p[index] is not None]
-        if not pairs:
+        obs, pred = _sorted_figure(rows, predicted, index)
+        if not obs:
             continue
-        obs = sorted(o for o, _ in pairs)
-        pred = sorted(p for _, p in pairs)
         for q in QUANTILES:
             o, p = percentile(obs, q), percentile(pred, q)
             scale = max(o, queue_floor_ms) if figure == "queue_ms" else o
@@ -249,14 +253,11 @@ def curves(rows: Sequence[Observed], predicted: Sequence) -> dict[str, dict[str,
     row reports is left out."""
     out: dict[str, dict[str, list[float]]] = {}
     for index, figure in enumerate(FIGURES):
-        pairs = [(getattr(row, figure), p[index]) for row, p in zip(rows, predicted)
-                 if p is not None and getattr(row, figure) is not None and p[index] is not None]
-        if not pairs:
-            continue
-        obs, pred = sorted(o for o, _ in pairs), sorted(p for _, p in pairs)
-        out[figure] = {"q": list(CURVE_QUANTILES),
-                       "observed": [round(percentile(obs, q), 3) for q in CURVE_QUANTILES],
-                       "predicted": [round(percentile(pred, q), 3) for q in CURVE_QUANTILES]}
+        obs, pred = _sorted_figure(rows, predicted, index)
+        if obs:
+            out[figure] = {"q": list(CURVE_QUANTILES),
+                           "observed": [round(percentile(obs, q), 3) for q in CURVE_QUANTILES],
+                           "predicted": [round(percentile(pred, q), 3) for q in CURVE_QUANTILES]}
     return out
 
 

@@ -196,10 +196,14 @@ def _execute(model: EngineModel) -> str:
 
 
 # ---------------------------------------------------------------------------------------------- use
-def held_out_worst(model: EngineModel) -> float | None:
-    """The larger |held-out error| of p50 TTFT and TPOT (the figures a study's bound is on); None when neither."""
-    values = [abs(model.held_out_error[k]) for k in GATED if k in (model.held_out_error or {})]
+def worst_of(errors: dict[str, float] | None) -> float | None:
+    """The larger |error| of p50 TTFT and TPOT (the figures a study's bound is on); None when neither."""
+    values = [abs(errors[k]) for k in GATED if k in (errors or {})]
     return max(values) if values else None
+
+
+def held_out_worst(model: EngineModel) -> float | None:
+    return worst_of(model.held_out_error)
 
 
 def reliable(model: EngineModel) -> bool:
@@ -325,8 +329,8 @@ def refresh_live_error(model: EngineModel, now: dt.datetime | None = None) -> bo
                      queue_floor_ms=model.queue_floor_ms)
     EngineModel.objects.filter(id=model.id).update(live_error=seen.error, live_curves=seen.curves,
                                                    live_moved=seen.moved, live_requests=len(rows), live_at=now)
-    worst = max((abs(seen.error[k]) for k in GATED if k in seen.error), default=0.0)
-    if worst > cfg("MODEL_ERROR_BOUND"):
+    worst = worst_of(seen.error)
+    if worst is not None and worst > cfg("MODEL_ERROR_BOUND"):
         log.warning("engine model %s of %s/%s drifts: live error %.0f %% (bound %.0f %%): %s", model.id,
                     model.project_id, model.group, worst * 100, cfg("MODEL_ERROR_BOUND") * 100, seen.diagnosis)
     return True

@@ -210,6 +210,12 @@
     if (!source || typeof uPlot === "undefined") { return; }
     var url = source.getAttribute("data-source"), every = +source.getAttribute("data-interval") || 3000;
     var times = [], samples = {}, liveCharts = {};
+    // The samples' span, at least the last minute: uPlot widens a single sample's axis to years (from the data,
+    // not from the bounds it passes).
+    function lastMinute() {
+      var first = times[0], last = times[times.length - 1];
+      return [Math.min(first, last - 60), last];
+    }
     function redraw() {
       var names = Object.keys(samples).sort();
       document.querySelectorAll("[data-live]").forEach(function (node) {
@@ -233,7 +239,8 @@
           if (liveCharts[kind]) { liveCharts[kind].destroy(); }
           node.innerHTML = "";
           liveCharts[kind] = new uPlot({width: Math.max(node.clientWidth, 300), height: 180, series: series,
-                                        scales: {x: {time: true}}, axes: [{}, {size: 50}]}, columns, node);
+                                        scales: {x: {time: true, range: lastMinute}}, axes: [{}, {size: 50}]},
+                                       columns, node);
         }
         node.setAttribute("data-drawn", String(times.length));
       });
