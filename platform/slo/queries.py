@@ -6,10 +6,12 @@ How a window is counted without scanning 30 days of raw rows:
 - An hour's buckets are current while their build covers the newest request rows written for the
   hour (`slo_sli_builds.source_version >= request_hour_touches.version`, the rollups' touches
   scheme): late spans that change an hour make it dirty and it is built again.
-- Evaluation at minute T sums the current buckets that lie wholly inside each window
+- Evaluation at second T sums the current buckets that lie wholly inside each window
   (one query, sumIf per window), and reads raw rows only for what buckets cannot answer: hours not
   built yet (the current one, recently closed ones, dirty ones) and the partial 5-minute bucket at
-  the start of each window (one query grouped by minute, a countIf pair per SLI).
+  the start of each window (one query grouped by minute and bucket, a countIf pair per SLI). Windows
+  are whole minutes, so every window starts at T's second of the minute: the raw rows' minutes are
+  counted from that second on (12:00:17 to 12:01:17, …), and each window takes whole ones.
 An SLI counts engine-served rows only (`served_from = 'engine'`: the gateway's response-cache hits never reached
 the engine) unless its SLO sets `include_cached`, which is part of its sli_key.
 Every statement filters on the project and binds values as parameters; column names come from
@@ -29,6 +31,7 @@ from traces.store import ClickHouseStore
 from .burn import WindowCounts
 from .definitions import FILTER_DIMENSIONS
 
+MINUTE = dt.timedelta(minutes=1)
 BUCKET = dt.timedelta(minutes=5)
 HOUR = dt.timedelta(hours=1)
 # SLI → the request column it reads; ttft falls back to the engine's TTFT when no outer hop reported one.
@@ -178,7 +181,8 @@ def build_buckets(store: ClickHouseStore, project_id: int, definitions: list[Sli
 def window_counts(store: ClickHouseStore, project_id: int, definitions: list[SliDefinition],
                   windows: list[dt.timedelta], at: dt.datetime, *, open_from: dt.datetime,
                   dirty: set[tuple[int, dt.datetime]]) -> dict[int, dict[dt.timedelta, WindowCounts]]:
-    """Counts of every definition over every window [at − window, at), `at` a whole minute.
+    """Counts of every definition over every window [at − window, at), `at` a whole second and every window a
+    whole number of minutes.
 
     Hours from `open_from` on, and the (sli_key, hour) pairs in `dirty`, are read from raw rows;
     everything else from the buckets of the current builds.
@@ -186,6 +190,10 @@ def window_counts(store: ClickHouseStore, project_id: int, definitions: list[Sli
     if not definitions or not windows:
         return {}
     at = _utc_naive(at)
+    if at.microsecond or any(w % MINUTE for w in windows):
+        raise ValueError("window counts need `at` on a whole second and windows of whole minutes")
+    # Raw rows are counted per minute starting at `at`'s second, on which every window starts too.
+    shift = (at - floor_time(at, MINUTE)).seconds
     open_from = _utc_naive(open_from)
     dirty = {(k, _utc_naive(h)) for k, h in dirty}
     keys = [d.key for d in definitions]
@@ -224,29 +232,31 @@ def window_counts(store: ClickHouseStore, project_id: int, definitions: list[Sli
     # 2. raw rows where buckets cannot answer, per minute
     ranges = _raw_ranges(windows, at, open_from, {h for _, h in dirty}, lo)
     if ranges:
-        raw_params: dict[str, Any] = {}
+        raw_params: dict[str, Any] = {"shift": shift}
         conditions = sli_conditions(definitions, raw_params)
         range_sql = []
         for i, (start, end) in enumerate(ranges):
             raw_params[f"r{i}_start"], raw_params[f"r{i}_end"] = start, end
             range_sql.append(f"(start_time >= {{r{i}_start:DateTime64(6)}} AND start_time < {{r{i}_end:DateTime64(6)}})")
         rows = store.query_json(
-            "SELECT toUnixTimestamp(toStartOfMinute(start_time)) AS minute, "
+            "SELECT toUnixTimestamp(toStartOfMinute(start_time - toIntervalSecond({shift:UInt8}))) + {shift:UInt8} "
+            "AS minute, toUnixTimestamp(toStartOfFiveMinutes(start_time)) AS bucket, "
             f"{_count_pairs(conditions)} FROM {store.table('llm_requests')} FINAL "
             f"WHERE project_id = {{project_id:UInt32}} AND ({' OR '.join(range_sql)}) "
-            "GROUP BY minute ORDER BY minute",
+            "GROUP BY minute, bucket ORDER BY minute, bucket",
             project_id=project_id,
             parameters=raw_params,
         )
         window_starts = [(w, at - w) for w in windows]
         epoch = dt.datetime(1970, 1, 1)
         for row in rows:
+            # a minute from `at`'s second on, within one 5-minute bucket (a minute that straddles two comes twice)
             minute = epoch + dt.timedelta(seconds=row[0])
-            hour = floor_time(minute, HOUR)
-            bucket = floor_time(minute, BUCKET)
+            bucket = epoch + dt.timedelta(seconds=row[1])
+            hour = floor_time(bucket, HOUR)
             in_open = hour >= open_from
             for i, key in enumerate(keys):
-                valid, bad = row[1 + 2 * i], row[2 + 2 * i]
+                valid, bad = row[2 + 2 * i], row[3 + 2 * i]
                 if not valid:
                     continue
                 built = not in_open and (key, hour) not in dirty

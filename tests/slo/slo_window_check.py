@@ -1,5 +1,6 @@
 """Run as a script (its own process: chdb opens one data directory per process): window counts computed from
-buckets + raw rows must equal a brute-force count over the rows, whatever is built, dirty or rebuilt. Some rows are
+buckets + raw rows must equal a brute-force count over the rows, whatever is built, dirty or rebuilt, for windows
+ending on a whole minute and 17 seconds into one (the page tiers are evaluated every few seconds). Some rows are
 the gateway's response-cache hits (fast, served_from exact_cache | semantic_cache): only the SLIs that include cached
 traffic count them; the others are written as rows were before the column existed (served_from read as 'engine').
 
@@ -45,7 +46,7 @@ def main() -> int:
     ch_migrate.apply(store, log=lambda *_: None)
     project, other = 7, 8
     now = dt.datetime.now(UTC).replace(second=0, microsecond=0) + dt.timedelta(seconds=17)
-    at = now.replace(second=0)
+    ats = (now.replace(second=0), now)
     rng = random.Random(4)
     rows = []
     for i in range(40_000):
@@ -100,6 +101,9 @@ def main() -> int:
         return row[sli]
 
     def brute():
+        return {at: brute_at(at) for at in ats}
+
+    def brute_at(at):
         current = {}
         for r in rows:  # the newest version of each row, as FINAL reads it
             current[r["trace_id"]] = r
@@ -125,14 +129,20 @@ def main() -> int:
 
     settled = now - dt.timedelta(minutes=2)
     open_from = settled.replace(minute=0, second=0, microsecond=0)
-    since = (at - max(windows)).replace(minute=0, second=0, microsecond=0)
+    since = (ats[0] - max(windows)).replace(minute=0, second=0, microsecond=0)
+
+    def counted(dirty):
+        return {at: queries.window_counts(store, project, definitions, windows, at, open_from=open_from, dirty=dirty)
+                for at in ats}
+
+    def matches(got, expected):
+        return got == {at: {d.key: {w: expected[at][(d.key, w)] for w in windows} for d in definitions} for at in ats}
 
     def check(phase, expected, budget):
         remaining = refresh_buckets(store, project, definitions, since=since, settled=settled, budget_seconds=budget)
-        got = queries.window_counts(store, project, definitions, windows, at, open_from=open_from,
-                                    dirty={(k, h) for k, h, _ in remaining})
-        wrong = [(d.key, w, got[d.key][w], expected[(d.key, w)]) for d in definitions for w in windows
-                 if got[d.key][w] != expected[(d.key, w)]]
+        got = counted({(k, h) for k, h, _ in remaining})
+        wrong = [(at.time(), d.key, w, got[at][d.key][w], expected[at][(d.key, w)]) for at in ats
+                 for d in definitions for w in windows if got[at][d.key][w] != expected[at][(d.key, w)]]
         if wrong:
             print(f"FAIL {phase}: {wrong[:5]}")
             return False
@@ -141,9 +151,7 @@ def main() -> int:
 
     expected = brute()
     dirty = queries.dirty_hours(store, project, [d.key for d in definitions], since, settled)
-    got = queries.window_counts(store, project, definitions, windows, at, open_from=open_from,
-                                dirty={(k, h) for k, h, _ in dirty})
-    ok = got == {d.key: {w: expected[(d.key, w)] for w in windows} for d in definitions}
+    ok = matches(counted({(k, h) for k, h, _ in dirty}), expected)
     print(f"{'OK' if ok else 'FAIL'} nothing built, all from raw rows ({len(dirty)} dirty)")
     ok &= check("one batch built", expected, budget=0)
     ok &= check("all built", expected, budget=60)
@@ -156,9 +164,7 @@ def main() -> int:
     rows.extend(late)
     expected = brute()
     dirty = queries.dirty_hours(store, project, [d.key for d in definitions], since, settled)
-    got = queries.window_counts(store, project, definitions, windows, at, open_from=open_from,
-                                dirty={(k, h) for k, h, _ in dirty})
-    late_ok = got == {d.key: {w: expected[(d.key, w)] for w in windows} for d in definitions}
+    late_ok = matches(counted({(k, h) for k, h, _ in dirty}), expected)
     print(f"{'OK' if late_ok else 'FAIL'} late data, not rebuilt yet ({sorted({h for _, h, _ in dirty})})")
     ok &= late_ok
     ok &= check("late data, rebuilt", expected, budget=60)

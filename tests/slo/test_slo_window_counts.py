@@ -1,5 +1,6 @@
 """Window counts from 5-minute SLI buckets plus raw rows equal a brute-force count over the rows: with nothing
-built, part built, all built, and after late spans changed a closed hour (before and after its rebuild).
+built, part built, all built, and after late spans changed a closed hour (before and after its rebuild); for windows
+that end on a whole minute and 17 s into one.
 
 Runs tests/slo/slo_window_check.py in its own process: chdb opens one data directory per process."""
 import subprocess
