@@ -1,6 +1,10 @@
 """One evaluation cycle: bring the SLI buckets up to date, count every window of every enabled SLO, decide
 each SLO's state, keep it (SLO row + ClickHouse status series) and hand it to the alert lifecycle.
 
+A cycle evaluates the second it runs at: each window is [now − window, now), the current minute's requests
+included, so a page tier trips on the first evaluation after enough bad requests arrived rather than after
+their minute closed. The status series keeps one point per SLO and minute, the minute's latest evaluation.
+
 Per project: one query for the dirty hours, one INSERT … SELECT per batch of hours to build, one query over
 the buckets and one over the raw rows for every SLO and window at once, one insert of status points.
 """
@@ -59,7 +63,8 @@ def evaluate_all(now: dt.datetime | None = None, *, store: ClickHouseStore | Non
 
 def evaluate_project(store: ClickHouseStore, project_id: int, slos: list[SLO], now: dt.datetime) -> list[burn.Evaluation]:
     config = settings.SLO
-    at = now.astimezone(dt.timezone.utc).replace(second=0, microsecond=0)
+    at = now.astimezone(dt.timezone.utc).replace(microsecond=0)
+    minute = queries.floor_time(at, queries.MINUTE)
     definitions = list({d.key: d for d in (queries.SliDefinition.of(s) for s in slos)}.values())
     windows = sorted({w for s in slos for w in burn.windows_of(s.burn_tiers, s.period)})
     longest = max(windows)
@@ -82,7 +87,7 @@ def evaluate_project(store: ClickHouseStore, project_id: int, slos: list[SLO], n
         )
         evaluations.append(evaluation)
         points.append({
-            "slo_id": slo.id, "at": at, "state": evaluation.state,
+            "slo_id": slo.id, "at": minute, "state": evaluation.state,
             "firing_tier": evaluation.firing.tier.name if evaluation.firing else "",
             "severity": evaluation.firing.tier.severity if evaluation.firing else "",
             "budget_remaining": evaluation.budget_remaining, "burn_rates": evaluation.burn_rates,
