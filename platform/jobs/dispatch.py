@@ -31,14 +31,15 @@ class JobKind:
     queued_grace_seconds: Callable[[], float]
 
 
-def send(task: str, *args, what: str = "job") -> bool:
-    """Send the named task; False (logged) when the broker is away: every kind's sweep starts what it missed."""
+def send(task: str, *args, what: str = "job", expires: float | None = None) -> bool:
+    """Send the named task; False (logged) when the broker is away: every kind's sweep starts what it missed.
+    `expires`: seconds after which a worker drops the message unrun (work a periodic task does anyway)."""
     try:
         if current_app.conf.task_always_eager:  # CELERY_TASK_ALWAYS_EAGER: run it here, as .delay() would
             current_app.loader.import_default_modules()
             current_app.tasks[task].apply(args=list(args))
         else:
-            current_app.send_task(task, args=list(args))
+            current_app.send_task(task, args=list(args), expires=expires)
     except Exception:  # noqa: BLE001 - any broker failure: the database still holds the job
         log.warning("could not enqueue %s %s (%s); the sweep will start it", what, args, task, exc_info=True)
         return False

@@ -299,3 +299,26 @@ def test_rotation_signs_with_every_secret(project):
     assert signing.verify(received.body, received.headers, SECRET)
     assert signing.verify(received.body, received.headers, new_secret)
     assert received.headers["content-type"] == "application/json"
+
+
+def test_a_new_event_is_sent_once_its_transaction_commits_not_at_the_next_beat(project, monkeypatch,
+                                                                                django_capture_on_commit_callbacks):
+    """enqueue asks a worker for a delivery round on commit (here the worker is Celery's eager mode): the receiver
+    has the event when the transaction that created it ends, without a beat's deliver_due; a rolled-back one is
+    neither kept nor sent."""
+    from celery import current_app
+
+    monkeypatch.setitem(current_app.conf, "task_always_eager", True)
+    with Receiver() as receiver:
+        make_channel(project, receiver.url)
+        with django_capture_on_commit_callbacks(execute=True) as callbacks:
+            with transaction.atomic():
+                [delivery_id] = services.enqueue(project.id, event(), severity="page")
+                assert receiver.requests == [], "nothing is sent before the commit"
+        assert services.deliver_soon in callbacks
+        assert len(receiver.requests) == 1 and Delivery.objects.get(id=delivery_id).status == "succeeded"
+        with django_capture_on_commit_callbacks(execute=True) as callbacks:
+            with pytest.raises(RuntimeError), transaction.atomic():
+                services.enqueue(project.id, event(), severity="page")
+                raise RuntimeError("the alert transition failed")
+        assert callbacks == [] and len(receiver.requests) == 1 and Delivery.objects.count() == 1
