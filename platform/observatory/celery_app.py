@@ -53,10 +53,12 @@ def queue_name(short: str) -> str:
 
 
 def beat_schedule() -> dict:
-    """The one beat schedule: SLO evaluation and alert checks every minute, due webhook deliveries every 10 s,
-    pruning of old deliveries every hour."""
+    """The one beat schedule: SLO evaluation every 5 s, the regression detector and alert repeats every minute, due
+    webhook deliveries every 10 s (a new notification is sent at once: notify.services.enqueue asks for a delivery
+    round), pruning of old deliveries every hour."""
     slo = getattr(settings, "SLO", {})
-    every = float(slo.get("EVALUATE_INTERVAL_SECONDS", 60.0))
+    every = float(slo.get("EVALUATE_INTERVAL_SECONDS", 5.0))
+    alerts_every = float(getattr(settings, "ALERTS", {}).get("CHECK_INTERVAL_SECONDS", 60.0))
     notify = getattr(settings, "NOTIFY", {})
     deliver_every = float(notify.get("DELIVER_INTERVAL_SECONDS", 10.0))
     prune_every = float(notify.get("PRUNE_INTERVAL_SECONDS", 3600.0))
@@ -74,10 +76,10 @@ def beat_schedule() -> dict:
 
     return {
         "slo-evaluate-all": {"task": "slo.evaluate_all", "schedule": every, "options": options("slo", every)},
-        "alerts-detect-regressions": {"task": "alerts.detect_regressions", "schedule": every,
-                                      "options": options("alerts", every)},
-        "alerts-check-repeats": {"task": "alerts.check_repeats", "schedule": every,
-                                 "options": options("alerts", every)},
+        "alerts-detect-regressions": {"task": "alerts.detect_regressions", "schedule": alerts_every,
+                                      "options": options("alerts", alerts_every)},
+        "alerts-check-repeats": {"task": "alerts.check_repeats", "schedule": alerts_every,
+                                 "options": options("alerts", alerts_every)},
         "notify-deliver-due": {"task": "notify.deliver_due", "schedule": deliver_every,
                                "options": options("notify", deliver_every)},
         "notify-prune-deliveries": {"task": "notify.prune_deliveries", "schedule": prune_every,

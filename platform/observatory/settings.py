@@ -262,7 +262,9 @@ OBSERVATORY_METRICS_SLO_SERIES = envbool("OBSERVATORY_METRICS_SLO_SERIES", True)
 
 # SLO evaluation (platform/slo, docs/slo.md).
 SLO = {
-    "EVALUATE_INTERVAL_SECONDS": envfloat("SLO_EVALUATE_INTERVAL_SECONDS", 60.0),
+    # Beat interval of slo.evaluate_all. Each cycle evaluates the second it runs at (windows end now), so a 14.4×
+    # page tier trips at most this long after the requests that make it burn have arrived (docs/alerts.md#timing).
+    "EVALUATE_INTERVAL_SECONDS": envfloat("SLO_EVALUATE_INTERVAL_SECONDS", 5.0),
     "SETTLE_SECONDS": envfloat("SLO_SETTLE_SECONDS", 120.0),
     "BUILD_BUDGET_SECONDS": envfloat("SLO_BUILD_BUDGET_SECONDS", 20.0),
     "STATUS_RETENTION_DAYS": envint("SLO_STATUS_RETENTION_DAYS", 90),
@@ -367,9 +369,12 @@ NOTIFY = {
 
 # Alert lifecycle, silences, diagnosis and the latency regression detector (platform/alerts, docs/alerts.md).
 ALERTS = {
-    # pending → firing once the condition has held this long (a page: the next evaluation of a 60 s beat).
-    "PAGE_FOR_SECONDS": envfloat("ALERTS_PAGE_FOR_SECONDS", 50.0),
+    # pending → firing once the condition has held this long. A page fires at the first evaluation: its tier's short
+    # window (5 m for the 1 h tier) is what keeps a blip from paging, as in the SRE Workbook's multiwindow alerts.
+    "PAGE_FOR_SECONDS": envfloat("ALERTS_PAGE_FOR_SECONDS", 0.0),
     "TICKET_FOR_SECONDS": envfloat("ALERTS_TICKET_FOR_SECONDS", 290.0),
+    # Beat interval of the regression detector and of repeats (alerts.detect_regressions, alerts.check_repeats).
+    "CHECK_INTERVAL_SECONDS": envfloat("ALERTS_CHECK_INTERVAL_SECONDS", 60.0),
     # 0: each SLO's repeat_interval (regressions: REGRESSION_REPEAT_INTERVAL_SECONDS).
     "REPEAT_INTERVAL_SECONDS": envfloat("ALERTS_REPEAT_INTERVAL_SECONDS", 0.0),
     "DIAGNOSIS_BASELINE_MIN_SECONDS": envfloat("ALERTS_DIAGNOSIS_BASELINE_MIN_SECONDS", 1800.0),

@@ -26,7 +26,9 @@ def token(username: str, project: Project, role: str) -> str:
 
 
 @pytest.fixture
-def world(db, store):
+def world(db, store, settings):
+    # batch-e2e stays pending: a page pending period (the default, 0, fires at the first evaluation)
+    settings.ALERTS = {**settings.ALERTS, "PAGE_FOR_SECONDS": 50.0}
     alpha, beta = Project.objects.create(name="alpha"), Project.objects.create(name="beta")
     tokens = {"owner": token("alice", alpha, "operator"), "teammate": token("carol", alpha, "viewer"),
               "outsider": token("bob", beta, "operator")}

@@ -21,6 +21,13 @@ MIN = dt.timedelta(minutes=1)
 LABELS = ("5m", "30m", "1h", "2h", "6h", "1d", "3d", "30d")
 
 
+@pytest.fixture(autouse=True)
+def pending_periods(settings):
+    """The state machine with a page pending period (the default, 0, fires a page at its first burning evaluation:
+    test_evaluation_time_drives_pending_period)."""
+    settings.ALERTS = {**settings.ALERTS, "PAGE_FOR_SECONDS": 50.0, "TICKET_FOR_SECONDS": 290.0}
+
+
 @pytest.fixture
 def project(db):
     return Project.objects.create(name="alpha")

@@ -14,7 +14,7 @@ def test_one_beat_schedule_with_explicit_tasks_and_queues(settings):
     settings.CELERY_QUEUE_PREFIX = "acme."
     schedule = beat_schedule()
     assert {name: (entry["task"], entry["schedule"], entry["options"]["queue"]) for name, entry in schedule.items()} == {
-        "slo-evaluate-all": ("slo.evaluate_all", 60.0, "acme.slo"),
+        "slo-evaluate-all": ("slo.evaluate_all", 5.0, "acme.slo"),
         "alerts-detect-regressions": ("alerts.detect_regressions", 60.0, "acme.alerts"),
         "alerts-check-repeats": ("alerts.check_repeats", 60.0, "acme.alerts"),
         "notify-deliver-due": ("notify.deliver_due", 10.0, "acme.notify"),
