@@ -263,7 +263,8 @@ OBSERVATORY_METRICS_SLO_SERIES = envbool("OBSERVATORY_METRICS_SLO_SERIES", True)
 # SLO evaluation (platform/slo, docs/slo.md).
 SLO = {
     # Beat interval of slo.evaluate_all. Each cycle evaluates the second it runs at (windows end now), so a 14.4×
-    # page tier trips at most this long after the requests that make it burn have arrived (docs/alerts.md#timing).
+    # page tier trips at most this long after the requests that make it burn have arrived (docs/alerts.md, "From
+    # the first bad request to the page").
     "EVALUATE_INTERVAL_SECONDS": envfloat("SLO_EVALUATE_INTERVAL_SECONDS", 5.0),
     "SETTLE_SECONDS": envfloat("SLO_SETTLE_SECONDS", 120.0),
     "BUILD_BUDGET_SECONDS": envfloat("SLO_BUILD_BUDGET_SECONDS", 20.0),
