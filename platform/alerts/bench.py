@@ -36,6 +36,9 @@ import tempfile
 import threading
 import time
 
+from celery import bootsteps, current_app
+from celery.worker import WorkController, state
+from django.conf import settings
 from traces import rollups
 
 
@@ -136,10 +139,6 @@ def default_phases(interval: float, count: int = 4) -> list[float]:
 def start_worker():
     """A Celery worker with a thread pool in this process, consuming every queue as runplatform's does; returns
     (worker, thread) once it is ready."""
-    from celery import bootsteps, current_app
-    from celery.worker import WorkController
-    from django.conf import settings
-
     for key in ("data_folder_in", "data_folder_out", "processed_folder", "control_folder"):
         folder = (settings.CELERY_BROKER_TRANSPORT_OPTIONS or {}).get(key)
         if folder:
@@ -160,8 +159,6 @@ def start_worker():
 
 
 def stop_worker(thread: threading.Thread) -> None:
-    from celery.worker import state
-
     state.should_stop = 0  # asked, not forced: the consumer loop stops at its next turn
     thread.join(timeout=10)
 
@@ -186,7 +183,6 @@ def main(argv: list[str] | None = None) -> None:
     import django
 
     django.setup()
-    from django.conf import settings
     from django.core.management import call_command
     from notify.models import Channel
     from slo import services
