@@ -102,6 +102,11 @@ _OVERRIDABLE = ("mfu", "bandwidth_efficiency", "serial_fraction", "step_overhead
                 "sequence_overhead", "api_overhead")
 
 
+# vLLM's VLLM_SERVER_DEV_MODE opens endpoints a production server must not have; this one opens the simulator's
+# fault injection: POST /sim/hardware changes the simulated GPU's constants while the replica serves.
+DEV_MODE_ENV = "ENGINE_SIM_DEV_MODE"
+
+
 def hardware_override(config: EngineConfig) -> HardwareProfile | None:
     """The config's GPU profile with constants replaced by ENGINE_SIM_HARDWARE (a JSON object, e.g.
     ``{"mfu": 0.5, "step_overhead": 0.002}``): a GPU that runs slower or faster than the published figures, for
@@ -114,13 +119,19 @@ def hardware_override(config: EngineConfig) -> HardwareProfile | None:
         values = json.loads(text)
     except ValueError:
         raise ValueError(f"{HARDWARE_ENV} is not JSON: {text[:100]!r}") from None
+    return hardware_with(config, values, HARDWARE_ENV)
+
+
+def hardware_with(config: EngineConfig, values: Any, source: str) -> HardwareProfile:
+    """The config's published GPU profile with ``values`` (constant → non-negative number) in place; ValueError
+    naming ``source`` and the problem otherwise."""
     if not isinstance(values, dict):
-        raise ValueError(f"{HARDWARE_ENV} must be a JSON object of constants ({', '.join(_OVERRIDABLE)})")
+        raise ValueError(f"{source} must be a JSON object of constants ({', '.join(_OVERRIDABLE)})")
     for name, value in values.items():
         if name not in _OVERRIDABLE:
-            raise ValueError(f"{HARDWARE_ENV}: {name!r} is not a constant one may set ({', '.join(_OVERRIDABLE)})")
+            raise ValueError(f"{source}: {name!r} is not a constant one may set ({', '.join(_OVERRIDABLE)})")
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-            raise ValueError(f"{HARDWARE_ENV}: {name} must be a non-negative number, not {value!r}")
+            raise ValueError(f"{source}: {name} must be a non-negative number, not {value!r}")
     return hardware_profile(config.gpu_type).with_constants(**{k: float(v) for k, v in values.items()})
 
 
@@ -637,6 +648,24 @@ def _record_finished(generation: _Generation, first_output: float, finished: flo
     metrics.request_params_n.observe(request.n)
 
 
+async def _sim_hardware(request: web.Request) -> web.Response:
+    """GET: the simulated GPU's constants now. POST {constant: value, ...}: from the next engine step on, the
+    config's published profile with these in place (as ENGINE_SIM_HARDWARE at start), e.g. a decode slowed by a
+    lower ``bandwidth_efficiency``. Only with ENGINE_SIM_DEV_MODE=1."""
+    state = request.app[REPLICA_KEY]
+    if request.method == "POST":
+        try:
+            values = orjson.loads(await request.read())
+            profile = hardware_with(state.config, values, "the body")
+        except (orjson.JSONDecodeError, ValueError) as exc:
+            return _error(str(exc), 400, "BadRequestError")
+        state.core.set_hardware(profile)
+        log.warning("simulated GPU constants changed: %s", values)
+    hardware = state.core.hardware
+    return web.json_response({"gpu_type": state.config.gpu_type,
+                              "constants": {name: getattr(hardware, name) for name in _OVERRIDABLE}})
+
+
 # ---------------------------------------------------------------------------------------------- the app
 def build_replica_app(
     config: EngineConfig,
@@ -687,6 +716,9 @@ def build_replica_app(
     app.router.add_post("/v1/completions", _completions)
     app.router.add_post("/v1/chat/completions", _chat_completions)
     app.router.add_post("/v1/embeddings", _embeddings)
+    if os.environ.get(DEV_MODE_ENV, "").strip().lower() in ("1", "true", "yes"):
+        app.router.add_get("/sim/hardware", _sim_hardware)
+        app.router.add_post("/sim/hardware", _sim_hardware)
 
     async def on_startup(app: web.Application) -> None:
         await app[REPLICA_KEY].start()

@@ -138,6 +138,19 @@ class EngineCore(SchedulerMixin):
         self._stream_share = self.hardware.api_core_share if self._streaming else 0.0
         self._admit_backlog = 0.0  # the server's admission work not yet done at _stream_clock
 
+    def set_hardware(self, hardware: HardwareProfile) -> None:
+        """Run the steps from now on with ``hardware``'s constants (a GPU that degrades or is swapped mid-run: a
+        driver update, a noisy neighbour, thermal throttling). The KV cache keeps its size: memory was planned at
+        start-up, as vLLM's is."""
+        self.hardware = hardware
+        config = self.config
+        self.cost = StepCostModel(self.model, hardware, tensor_parallel_size=config.tensor_parallel_size,
+                                  kv_cache_dtype=config.kv_cache_dtype)
+        if self._drafter is not None:
+            self._drafter = DraftCostModel(config.speculative_config, self.model, hardware,
+                                           tensor_parallel_size=config.tensor_parallel_size,
+                                           kv_cache_dtype=config.kv_cache_dtype)
+
     # ------------------------------------------------------------------ state
     @property
     def num_running(self) -> int:

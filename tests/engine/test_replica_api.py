@@ -160,3 +160,44 @@ def test_served_model_name_replaces_the_model_id():
         assert wrong.status == 404 and wrong.json()["type"] == "NotFoundError"
     finally:
         server.stop()
+
+
+def _tpot_ms(url: str) -> float:
+    """One streamed completion's time per output token after the first (ms), on the client's clock."""
+    got = stream(url + "/v1/completions", {"prompt": "one two three", "max_tokens": 24, "ignore_eos": True,
+                                           "stream": True})
+    assert got.status == 200, got.events
+    return (got.finished - got.first_content) / 23 * 1000
+
+
+def test_the_dev_mode_changes_the_simulated_gpu_while_it_serves(monkeypatch):
+    """ENGINE_SIM_DEV_MODE=1 (as vLLM's VLLM_SERVER_DEV_MODE) opens POST /sim/hardware: a slower decode from the
+    next step on, the KV cache as planned at start. Without it the endpoint does not exist."""
+    config = EngineConfig(model="meta-llama/Llama-3.1-8B-Instruct", gpu_type="L4", max_model_len=4096)
+    plain, _ = start_replica(config, seed=3)
+    try:
+        assert get(plain.url + "/sim/hardware").status == 404
+        assert post(plain.url + "/sim/hardware", {"mfu": 0.1}).status in (404, 405)
+    finally:
+        plain.stop()
+    monkeypatch.setenv("ENGINE_SIM_DEV_MODE", "1")
+    server, _ = start_replica(config, seed=3)
+    try:
+        published = get(server.url + "/sim/hardware").json()["constants"]
+        before = _tpot_ms(server.url)
+        slowed = post(server.url + "/sim/hardware",
+                      {"bandwidth_efficiency": published["bandwidth_efficiency"] * 0.5})
+        assert slowed.status == 200, slowed.body
+        assert slowed.json()["constants"]["bandwidth_efficiency"] == pytest.approx(
+            published["bandwidth_efficiency"] * 0.5)
+        assert slowed.json()["constants"]["mfu"] == published["mfu"]  # the others stay as published
+        after = _tpot_ms(server.url)
+        # Decode on an 8B model reads the weights each step: half the bandwidth, about twice the step.
+        assert after > 1.6 * before, (before, after)
+        for body, words in (({"hbm": 1}, "'hbm' is not a constant"), ({"mfu": -1}, "non-negative"),
+                            ([1], "JSON object")):
+            reply = post(server.url + "/sim/hardware", body)
+            assert reply.status == 400 and words in reply.json()["message"], reply.body
+        assert get(server.url + "/sim/hardware").json()["constants"] == slowed.json()["constants"]
+    finally:
+        server.stop()
