@@ -88,7 +88,7 @@ def alert_json(alert: AlertRow, muting: _Muting, *, with_transitions: bool = Fal
 class AlertsQuery(Schema):
     state: Optional[Subset("pending", "firing", "resolved", "inactive")] = None
     severity: Optional[Subset("page", "ticket")] = None
-    kind: Optional[Subset("slo_burn", "latency_regression")] = None
+    kind: Optional[Subset("slo_burn", "latency_regression", "engine_model_drift")] = None
     slo: Optional[Text(100)] = Field(None, description="only the alerts of this SLO (by name)")
     limit: QueryInt(1, MAX_LIMIT, "at most this many alerts") = 100
     project: Optional[ProjectName] = Field(None, description=PROJECT_DESCRIPTION)
@@ -143,7 +143,7 @@ class Diagnosis(Schema):
 
 class Alert(Schema):
     fingerprint: str = Field(description="sha256 of project, kind, SLO id (or regression key) and severity")
-    kind: Literal["slo_burn", "latency_regression"]
+    kind: Literal["slo_burn", "latency_regression", "engine_model_drift"]
     severity: Literal["page", "ticket"]
     state: Literal["pending", "firing", "resolved", "inactive"]
     project: str

@@ -6,8 +6,8 @@ is reused across episodes (resolved → pending starts a new one).
 Rules (times are evaluation times):
 - the condition holds and there is no active alert → pending (no notification);
 - pending, and the condition still holds at an evaluation at least `for` after it became pending → firing
-  (`for`: ALERTS["PAGE_FOR_SECONDS"] 50 s / ALERTS["TICKET_FOR_SECONDS"] 290 s, so with the 60 s beat a page
-  fires at the next evaluation, and a doubled beat a few milliseconds apart never counts as two);
+  (`for`: ALERTS["PAGE_FOR_SECONDS"] 0 s, so a page fires at the evaluation that finds it: the burn-rate tier's
+  short window is its debounce; ALERTS["TICKET_FOR_SECONDS"] 290 s);
 - pending, condition gone → inactive (never notified); firing, condition gone → resolved;
 - an evaluation older than the alert's last one is ignored (a slow worker of a doubled beat).
 
@@ -47,6 +47,7 @@ log = logging.getLogger(__name__)
 MAX_ATTEMPTS = 5
 SLO_ALERTNAME = "SLOErrorBudgetBurn"
 REGRESSION_ALERTNAME = "LatencyRegression"
+MODEL_DRIFT_ALERTNAME = "EngineModelDrift"
 _UNSET = object()
 
 
@@ -60,7 +61,7 @@ def fingerprint(project_id: int, kind: str, key: str, severity: str) -> str:
 
 
 def pending_for(severity: str) -> dt.timedelta:
-    seconds = cfg("PAGE_FOR_SECONDS", 50.0) if severity == Severity.PAGE else cfg("TICKET_FOR_SECONDS", 290.0)
+    seconds = cfg("PAGE_FOR_SECONDS", 0.0) if severity == Severity.PAGE else cfg("TICKET_FOR_SECONDS", 290.0)
     return dt.timedelta(seconds=float(seconds))
 
 
@@ -273,7 +274,11 @@ def diagnosis_windows(context: dict, started_at: dt.datetime, at: dt.datetime):
 
 def run_diagnosis(project_id: int, context: dict, started_at: dt.datetime, at: dt.datetime,
                   diagnose_fn: Callable | None = None) -> dict:
-    """The alert's diagnosis; an error is recorded in it rather than blocking the notification."""
+    """The alert's diagnosis; an error is recorded in it rather than blocking the notification. An alert raised with
+    its cause already known (an engine model's drift names the cost that moved) carries its diagnosis in its
+    context: that one is returned as it is."""
+    if isinstance(context.get("diagnosis"), dict):
+        return dict(context["diagnosis"])
     burning, baseline = diagnosis_windows(context, started_at, at)
     try:
         return (diagnose_fn or diagnose)(project_id, context.get("filters") or {}, burning, baseline,

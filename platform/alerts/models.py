@@ -18,6 +18,7 @@ class AlertState(models.TextChoices):
 class AlertKind(models.TextChoices):
     SLO_BURN = "slo_burn", "SLO burn rate"
     LATENCY_REGRESSION = "latency_regression", "latency regression"
+    ENGINE_MODEL_DRIFT = "engine_model_drift", "engine model drift"
 
 
 class Severity(models.TextChoices):

@@ -34,6 +34,13 @@ def envfloat(name: str, default: float) -> float:
     return default if value in (None, "") else float(value)
 
 
+def envchoice(name: str, default: str, choices: tuple[str, ...]) -> str:
+    value = env(name) or default
+    if value not in choices:
+        raise ValueError(f"{name}={value!r}: one of {', '.join(choices)}")
+    return value
+
+
 DATA_DIR = Path(env("OBSERVATORY_DATA_DIR", str(BASE_DIR / ".data"))).resolve()
 
 
@@ -327,6 +334,9 @@ TUNING = {
     "CALIBRATION_CHECK_SECONDS": envfloat("TUNING_CALIBRATION_CHECK_SECONDS", 300.0),
     "MODEL_LIVE_WINDOW_MINUTES": envfloat("TUNING_MODEL_LIVE_WINDOW_MINUTES", 15.0),
     "MODEL_LIVE_MIN_REQUESTS": envint("TUNING_MODEL_LIVE_MIN_REQUESTS", 50),
+    # A newest model whose error on the latest traffic is above MODEL_ERROR_BOUND raises an alert of this severity
+    # (kind engine_model_drift) through the project's channels; its diagnosis names the cost that moved.
+    "MODEL_DRIFT_SEVERITY": envchoice("TUNING_MODEL_DRIFT_SEVERITY", "ticket", ("ticket", "page")),
 }
 
 # Rollouts (platform/rollouts, docs/rollouts.md).

@@ -35,7 +35,7 @@ from engine.config import ConfigError, EngineConfig
 from engine.sim import traffic_fit as F
 from engine.sim.profiles import HardwareProfile, UnknownProfileError, hardware_profile
 
-from . import queries
+from . import drift, queries
 from .models import MODEL_ACTIVE_STATES, EngineModel, ModelState
 
 
@@ -206,9 +206,24 @@ def held_out_worst(model: EngineModel) -> float | None:
     return worst_of(model.held_out_error)
 
 
+def unfit_reason(model: EngineModel) -> str | None:
+    """Why a study must not trust the model, with the figures: its held-out error above the bound, or its error on
+    the group's latest traffic above it (it drifted since the fit: what moved is named); None when it fits."""
+    bound = cfg("MODEL_ERROR_BOUND")
+    for label, errors in (("held-out error", model.held_out_error), ("error on the latest traffic", model.live_error)):
+        worst = worst_of(errors)
+        if worst is None and label == "held-out error":
+            return "no held-out error was measured"
+        if worst is not None and worst > bound:
+            figures = ", ".join(f"{name} {errors[name]:+.0%}" for name in GATED if name in errors)
+            why = f": {F.diagnosis(model.live_moved)}" if errors is model.live_error and model.live_moved else ""
+            return f"{label} {figures} (worst {worst:.0%}, the bound is {bound:.0%}){why}"
+    return None
+
+
 def reliable(model: EngineModel) -> bool:
-    worst = held_out_worst(model)
-    return worst is not None and worst <= cfg("MODEL_ERROR_BOUND")
+    """The model fits: its held-out error, and its error on the latest traffic where measured, within the bound."""
+    return unfit_reason(model) is None
 
 
 def newest(project, group: str, config_version: str) -> EngineModel | None:
@@ -330,9 +345,11 @@ def refresh_live_error(model: EngineModel, now: dt.datetime | None = None) -> bo
     EngineModel.objects.filter(id=model.id).update(live_error=seen.error, live_curves=seen.curves,
                                                    live_moved=seen.moved, live_requests=len(rows), live_at=now)
     worst = worst_of(seen.error)
-    if worst is not None and worst > cfg("MODEL_ERROR_BOUND"):
+    drifting = worst is not None and worst > cfg("MODEL_ERROR_BOUND")
+    if drifting:
         log.warning("engine model %s of %s/%s drifts: live error %.0f %% (bound %.0f %%): %s", model.id,
                     model.project_id, model.group, worst * 100, cfg("MODEL_ERROR_BOUND") * 100, seen.diagnosis)
+    drift.apply(model, seen.error, seen.moved, now, drifting=drifting)
     return True
 
 

@@ -166,18 +166,16 @@ def problem_of(study: TuningStudy) -> S.Problem:
 
 def engine_model_for(project, group: str, current: EngineConfig, allow_unreliable: bool):
     """(the group's newest calibrated model of its current config or None, whether it is used although its
-    held-out error is above the bound). StudyError 409 with the figures when it is and that was not asked for."""
+    held-out error, or its error on the latest traffic, is above the bound). StudyError 409 with the figures when
+    it is and that was not asked for."""
     model = calibration.newest(project, group, current.version)
-    if model is None or calibration.reliable(model):
+    reason = calibration.unfit_reason(model) if model is not None else None
+    if reason is None:
         return model, False
-    worst, bound = calibration.held_out_worst(model), cfg("MODEL_ERROR_BOUND")
-    figures = ", ".join(f"{name} {model.held_out_error[name]:+.0%}" for name in calibration.GATED
-                        if name in model.held_out_error)
     if not allow_unreliable:
         raise StudyError(
-            f"the group's engine model {model.id} does not fit its traffic: held-out error {figures} (worst "
-            f"{worst:.0%}, the bound is {bound:.0%}); calibrate it again, or start the study with allow_unreliable "
-            "to run it marked unreliable", field="engine_model", status=409)
+            f"the group's engine model {model.id} does not fit its traffic: {reason}; calibrate it again, or start "
+            "the study with allow_unreliable to run it marked unreliable", field="engine_model", status=409)
     return model, True
 
 

@@ -106,10 +106,10 @@ def label_set(**items) -> frozenset:
 def test_every_series_is_there_before_the_first_evaluation(client, db):
     samples = scrape(client)
     assert set(samples["observatory_alert_transitions_total"]) == {
-        label_set(kind=k, severity=s, to=t) for k in ("slo_burn", "latency_regression") for s in ("page", "ticket")
+        label_set(kind=k, severity=s, to=t) for k in ("slo_burn", "latency_regression", "engine_model_drift") for s in ("page", "ticket")
         for t in ("pending", "firing", "resolved", "inactive")}
     assert samples["observatory_alerts"] == {
-        label_set(kind=k, severity=s, state=t): 0 for k in ("slo_burn", "latency_regression") for s in ("page", "ticket")
+        label_set(kind=k, severity=s, state=t): 0 for k in ("slo_burn", "latency_regression", "engine_model_drift") for s in ("page", "ticket")
         for t in ("pending", "firing")}
     assert set(samples["observatory_slo_evaluation_failures_total"]) == {
         label_set(reason="clickhouse_unavailable"), label_set(reason="error")}

@@ -1,0 +1,78 @@
+"""An engine model's drift as an alert, on the metadata database and notify's real enqueue: a model whose live error
+passes the bound raises a pending alert that fires after its severity's period with a diagnosis naming the cost
+that moved, one notification per transition; the error back under the bound resolves it; a study refuses the
+drifted model with the live figures. (tests/tuning/test_calibration_live.py drives the same through a live group.)"""
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+from alerts.models import Alert, AlertKind, AlertState
+from django.utils import timezone
+from notify.models import Channel, Delivery
+from tenancy.models import Project
+from tuning import calibration, drift
+from tuning.models import EngineModel, ModelState
+from tuning.service import StudyError, engine_model_for
+
+from engine.config import EngineConfig
+
+CONFIG = EngineConfig(model="meta-llama/Llama-3.1-8B-Instruct", gpu_type="L4", max_model_len=4096)
+FITS = {"ttft_ms_p50": 0.04, "tpot_ms_p50": -0.03, "ttft_ms_p95": 0.06, "tpot_ms_p95": 0.02}
+# (predicted - observed) / observed: the model predicts a TPOT 38 % under what was served.
+DRIFTED = {"ttft_ms_p50": -0.11, "tpot_ms_p50": -0.38, "ttft_ms_p95": -0.15, "tpot_ms_p95": -0.41}
+SLOWER_DECODE = {"decode": 0.37, "prefill": 0.08}
+
+
+@pytest.fixture
+def model(db, settings):
+    settings.ALERTS = {**settings.ALERTS, "TICKET_FOR_SECONDS": 60.0}
+    project = Project.objects.create(name="alpha")
+    Channel.objects.create(project=project, name="hook", kind="webhook", url="http://127.0.0.1:9/hook")
+    now = timezone.now()
+    return EngineModel.objects.create(
+        project=project, group="chat", config_version=CONFIG.version, config=CONFIG.to_dict(),
+        window_start=now - dt.timedelta(hours=1), window_end=now, state=ModelState.FITTED, base_profile="L4",
+        constants={"mfu": 0.4, "bandwidth_efficiency": 0.6}, start_constants={"mfu": 0.45, "bandwidth_efficiency": 0.7},
+        held_out_error=FITS)
+
+
+def test_a_drift_goes_pending_then_fires_naming_decode_and_resolves(model):
+    t0 = timezone.now()
+    assert drift.apply(model, FITS, {"decode": 0.02}, t0, drifting=False) == []  # fits: nothing
+    [pending] = drift.apply(model, DRIFTED, SLOWER_DECODE, t0 + dt.timedelta(seconds=10), drifting=True)
+    assert pending.to_state == AlertState.PENDING and not pending.notified
+    assert drift.apply(model, DRIFTED, SLOWER_DECODE, t0 + dt.timedelta(seconds=40), drifting=True) == []
+    [fired] = drift.apply(model, DRIFTED, SLOWER_DECODE, t0 + dt.timedelta(seconds=75), drifting=True)
+    assert fired.to_state == AlertState.FIRING and fired.notified
+    alert = Alert.objects.get()
+    assert alert.kind == AlertKind.ENGINE_MODEL_DRIFT and alert.severity == "ticket"
+    assert alert.labels == {"alertname": "EngineModelDrift", "project": "alpha", "severity": "ticket",
+                            "group": "chat", "cost": "decode"}
+    assert alert.diagnosis["dominant_component"] == "decode"
+    assert alert.diagnosis["summary"] == "decode step time +37 % at the same batch sizes"
+    assert alert.annotations["title"] == ("Engine model of chat drifts: live p50 TPOT 38% under what was served "
+                                          "(bound 20%)")
+    [delivery] = Delivery.objects.all()
+    event = delivery.event
+    assert event["kind"] == "engine_model_drift" and event["status"] == "firing"
+    assert "Diagnosis: decode step time +37 %" in event["description"]
+
+    # A newer measurement under the bound: resolved, and the resolution is sent.
+    [resolved] = drift.apply(model, FITS, {"decode": 0.01}, t0 + dt.timedelta(seconds=90), drifting=False)
+    assert resolved.to_state == AlertState.RESOLVED and resolved.notified
+    assert Delivery.objects.count() == 2
+
+
+def test_a_study_refuses_a_model_that_drifted_with_the_live_figures(model):
+    assert engine_model_for(model.project, "chat", CONFIG, allow_unreliable=False) == (model, False)
+    EngineModel.objects.filter(id=model.id).update(live_error=DRIFTED, live_moved=SLOWER_DECODE)
+    model.refresh_from_db()
+    assert not calibration.reliable(model)
+    with pytest.raises(StudyError) as refused:
+        engine_model_for(model.project, "chat", CONFIG, allow_unreliable=False)
+    assert refused.value.status == 409
+    message = str(refused.value)
+    assert ("error on the latest traffic ttft_ms_p50 -11%, tpot_ms_p50 -38% (worst 38%, the bound is 20%): decode "
+            "step time +37 %") in message, message
+    assert engine_model_for(model.project, "chat", CONFIG, allow_unreliable=True) == (model, True)
