@@ -46,7 +46,7 @@ LINK = re.compile(r"!?\[(?:[^\[\]]|\[[^\[\]]*\])*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^
 MANAGE = re.compile(r"manage\.py\s+([a-z_][a-z0-9_]*)")
 PYTHON_M = re.compile(r"python[0-9.]*\s+-m\s+([A-Za-z_][\w.]*)")
 COMMENT = re.compile(r"(^|\s)#(\s.*)?$")  # a shell, YAML or Python comment: prose, not a command
-SETTING = re.compile(r"\b(?:env(?:int|bool|float)?|os\.environ\.get)\(\s*\"([A-Z][A-Z0-9_]*)\"")
+SETTING = re.compile(r"\b(?:env(?:int|bool|float|choice)?|os\.environ\.get)\(\s*\"([A-Z][A-Z0-9_]*)\"")
 
 
 def split_markdown(path: Path) -> tuple[str, list[str]]:

@@ -23,8 +23,9 @@ FLOORS = {
     "alerts": 5,
     "tuning": 6,
     "rollouts": 7,
-    "dashboards": 8,
-    "observatory": 9,
+    "loops": 8,
+    "dashboards": 9,
+    "observatory": 10,
 }
 # Imports that run up a floor, each with its reason (docs/architecture.md lists them).
 UPWARD = {

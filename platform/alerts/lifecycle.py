@@ -45,6 +45,7 @@ from .silences import silencing
 log = logging.getLogger(__name__)
 
 MAX_ATTEMPTS = 5
+_fired_listeners: list[Callable] = []
 SLO_ALERTNAME = "SLOErrorBudgetBurn"
 REGRESSION_ALERTNAME = "LatencyRegression"
 MODEL_DRIFT_ALERTNAME = "EngineModelDrift"
@@ -99,6 +100,22 @@ class _Step:
     to_state: str
     reason: str
     notify: bool = False
+
+
+def on_fired(listener: Callable) -> None:
+    """Call ``listener(alert)`` once an alert's transition to firing has committed (once per listener): a higher
+    room acts on a page (the closed loop) without this one knowing it."""
+    if listener not in _fired_listeners:
+        _fired_listeners.append(listener)
+
+
+def _fired(alert_id: int) -> None:
+    alert = Alert.objects.filter(id=alert_id).first()
+    for listener in _fired_listeners if alert is not None else ():
+        try:
+            listener(alert)
+        except Exception:
+            log.exception("%s failed for alert %s", getattr(listener, "__qualname__", listener), alert_id)
 
 
 # -- driving one alert -------------------------------------------------------------------------------------------
@@ -221,6 +238,9 @@ def _claim(alert: Alert, spec: AlertSpec, step: _Step, at: dt.datetime,
             transition.delivery_ids = _enqueue(alert.project_id, event, alert.severity)
         transition.save()
         metrics.transition_claimed(alert.kind, alert.severity, step.to_state)
+        if step.to_state == AlertState.FIRING and _fired_listeners:
+            alert_id = alert.id
+            transaction.on_commit(lambda: _fired(alert_id))
     return transition
 
 

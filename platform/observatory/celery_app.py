@@ -24,8 +24,9 @@ app = Celery("observatory")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 
 # The apps whose tasks.py this worker loads (explicit: autodiscovery would import every installed app).
-TASK_MODULES = ("slo.tasks", "alerts.tasks", "notify.tasks", "regressions.tasks", "tuning.tasks", "rollouts.tasks")
-QUEUES = ("slo", "alerts", "notify", "regressions", "tuning", "rollouts")
+TASK_MODULES = ("slo.tasks", "alerts.tasks", "notify.tasks", "regressions.tasks", "tuning.tasks", "rollouts.tasks",
+                "loops.tasks")
+QUEUES = ("slo", "alerts", "notify", "regressions", "tuning", "rollouts", "loops")
 
 
 def queue_prefix() -> str:
@@ -65,6 +66,7 @@ def beat_schedule() -> dict:
     sweep_every = float(getattr(settings, "REGRESSIONS", {}).get("SWEEP_INTERVAL_SECONDS", 15.0))
     tuning_every = float(getattr(settings, "TUNING", {}).get("SWEEP_INTERVAL_SECONDS", 15.0))
     rollouts_every = float(getattr(settings, "ROLLOUTS", {}).get("SWEEP_INTERVAL_SECONDS", 5.0))
+    loops_every = float(getattr(settings, "LOOPS", {}).get("SWEEP_INTERVAL_SECONDS", 10.0))
     # Engine models: their error on the latest traffic, and which groups are due for a calibration
     # (CALIBRATION_INTERVAL_SECONDS after their last), every CALIBRATION_CHECK_SECONDS; queued calibrations nobody
     # took are started by the tuning sweep.
@@ -91,6 +93,7 @@ def beat_schedule() -> dict:
                                     "options": options("tuning", calibrate_every)},
         "rollouts-sweep": {"task": "rollouts.sweep", "schedule": rollouts_every,
                            "options": options("rollouts", rollouts_every)},
+        "loops-sweep": {"task": "loops.sweep", "schedule": loops_every, "options": options("loops", loops_every)},
     }
 
 

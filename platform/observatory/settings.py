@@ -77,6 +77,7 @@ INSTALLED_APPS = [
     "regressions",
     "tuning",
     "rollouts",
+    "loops",
     "observatory",
     # The web dashboard (top-level dashboards/): server-rendered pages over the same data and roles as the API.
     "dashboards",
@@ -337,6 +338,16 @@ TUNING = {
     # A newest model whose error on the latest traffic is above MODEL_ERROR_BOUND raises an alert of this severity
     # (kind engine_model_drift) through the project's channels; its diagnosis names the cost that moved.
     "MODEL_DRIFT_SEVERITY": envchoice("TUNING_MODEL_DRIFT_SEVERITY", "ticket", ("ticket", "page")),
+}
+
+# The closed loop (platform/loops, docs/loops.md): a page to a promoted config when a project's policy allows it.
+LOOPS = {
+    # The beat's clock of loops (studies and rollouts advance on their own beats).
+    "SWEEP_INTERVAL_SECONDS": envfloat("LOOPS_SWEEP_INTERVAL_SECONDS", 10.0),
+    # The severity of a loop's notifications (each step is one), routed by the channels' severity filters.
+    "NOTIFY_SEVERITY": envchoice("LOOPS_NOTIFY_SEVERITY", "ticket", ("ticket", "page")),
+    # No approval link is accepted after this long, whatever its policy said (7 d).
+    "MAX_APPROVAL_SECONDS": envint("LOOPS_MAX_APPROVAL_SECONDS", 7 * 86400),
 }
 
 # Rollouts (platform/rollouts, docs/rollouts.md).

@@ -4,6 +4,7 @@ from django.contrib import admin
 from django.urls import include, path, re_path
 from fleet.api import router as engine
 from ingest.views import otlp_traces
+from loops.api import router as loops
 from notify.api import router as channels
 from regressions.api import router as regressions
 from rollouts.api import router as rollouts
@@ -17,7 +18,7 @@ from . import views
 
 # Every app's router under /api/v1 (one OpenAPI document), in the order the document lists them.
 paths((("", requests), ("", engine), ("", slos), ("", alerts), ("", channels), ("", regressions), ("", tuning),
-       ("", rollouts)))
+       ("", rollouts), ("", loops)))
 unavailable(StoreUnavailable, "the trace store is unavailable; retry shortly")
 
 urlpatterns = [

@@ -13,6 +13,8 @@
                                            enough requests with engine timings, one config in the window)
     GET  /engine-models/{id}               one model: constants, fit and held-out errors, whether a study trusts it
     POST /engine-models/{id}/cancel        stop a calibration that is queued or fitting
+    POST /engine-models/{id}/evaluate      a fitted model against any window of its group's traffic (its errors,
+                                           curves, what moved, observed and predicted quantiles; nothing stored)
 """
 from __future__ import annotations
 
@@ -21,14 +23,14 @@ import logging
 from typing import Any, Literal, Optional
 
 from apikit.api import PROJECT_DESCRIPTION, ApiError, ApiRouter, acting_in, declared, project_object, refused, require
-from apikit.inputs import ProjectName, QueryInt, Text
+from apikit.inputs import ProjectName, QueryInt, Text, Time
 from django.http import HttpRequest
 from ninja import Path, Query, Schema
 from ninja.responses import Status
 from pydantic import ConfigDict, Field, StrictBool, StrictFloat, StrictInt
 from tenancy.keys import ApiIdentity
 
-from . import calibration, service
+from . import calibration, evaluation, service
 from .models import EngineModel, TuningStudy
 from .storage import optuna_study
 
@@ -301,3 +303,38 @@ def cancel_model(request: HttpRequest, path: Path[ModelPath]):
         raise ApiError(409, f"engine model {model.id} has already ended ({model.state})")
     model.refresh_from_db()
     return Status(202, calibration.summary(model))
+
+
+class ModelEvaluation(Schema):
+    model_config = ConfigDict(extra="forbid")
+    since: Optional[Time] = Field(None, description="the window's start; leave it out for window_hours, or for the "
+                                  "latest traffic (TUNING_MODEL_LIVE_WINDOW_MINUTES)")
+    until: Optional[Time] = Field(None, description="the window's end (default: now)")
+    window_hours: Optional[StrictFloat | StrictInt] = Field(None, gt=0, le=168,
+                                                            description="the window ending at until, instead of since")
+    constants: Literal["model", "published"] = Field(
+        "model", description="replay with the model's fitted constants, or with the published ones it started from")
+
+
+class EvaluationOut(Schema):
+    model_config = ConfigDict(extra="allow")
+    model_id: int
+    group: str
+    constants: str
+    requests: int
+    error: dict[str, float]
+    observed: dict[str, float]
+    predicted: dict[str, float]
+    diagnosis: str
+
+
+@router.post("/engine-models/{model_id}/evaluate", response=declared(409, ok={200: EvaluationOut}),
+             summary="A fitted engine model against a window of its group's traffic (errors, curves, what moved)")
+def evaluate_model(request: HttpRequest, path: Path[ModelPath], body: ModelEvaluation):
+    model = _model(request.auth, path.model_id)
+    try:
+        since, until = evaluation.window(since=body.since, until=body.until, hours=body.window_hours,
+                                         now=dt.datetime.now(dt.timezone.utc))
+        return evaluation.evaluate(model, since=since, until=until, constants=body.constants)
+    except evaluation.EvaluationError as exc:
+        raise refused(exc) from None

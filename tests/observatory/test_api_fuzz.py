@@ -85,6 +85,8 @@ def seeded(module_platform_factory, tmp_path_factory):
     platform = module_platform_factory(extra_env={"API_AUTH_FAILURE_LIMIT": "100000000",
                                                   "OBSERVATORY_INPROCESS_WORKER": "0",
                                                   "TUNING_CALIBRATION_MIN_REQUESTS": "0",
+                                                  # An evaluation of the seeded model is answered on no traffic.
+                                                  "TUNING_MODEL_LIVE_MIN_REQUESTS": "0",
                                                   "ENGINE_FLEET": str(fleet_file(directory))},
                                        data_dir=str(directory / "data"))
     token = platform.process.manage("create_api_token", "--user", "fuzz", "--role", "admin", "--project", "alpha")
@@ -178,6 +180,7 @@ def config(seeded: dict, path: Path) -> Path:
         "tuning_api_cancel_study": {"path.study_id": seeded["study"]},
         "tuning_api_propose": {"path.study_id": seeded["study"]},
         "tuning_api_read_model": {"path.model_id": seeded["model"]},
+        "tuning_api_evaluate_model": {"path.model_id": seeded["model"]},
         "rollouts_api_read_rollout": {"path.rollout_id": seeded["rollout"]},
         "rollouts_api_read_analysis": {"path.rollout_id": seeded["rollout"], "path.analysis_id": seeded["analysis"]},
         **{f"rollouts_api_{control}": {"path.rollout_id": seeded["rollout"]}

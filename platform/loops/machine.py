@@ -1,0 +1,245 @@
+"""The loop's machine: one tick moves an active loop as far as it can now (service.py draws the states).
+
+- studying: start a tuning study on the group's recent traffic against the burning SLO, within the policy's knobs;
+  when it is done, check the confidence the policy asks for (the study's engine model within its error bound, the
+  winner confirmed on replicas), take its proposal (knobs within their factors), then stop there (propose), ask
+  an admin (approve: a signed, expiring link in the notification) or start the rollout (auto);
+- awaiting_approval: expire when nobody decided in time;
+- rolling_out: start the rollout with the policy's plan once approved; follow it to promoted (watch) or not
+  (rolled_back, with the rollout's reason);
+- watching: the burning SLO's 5-minute burn rate, read from its latest evaluation, until the watch ends: restored
+  when it is below 1 then (and when it first fell below 1), not_restored otherwise.
+
+Every change is a conditional update on the loop's version (two workers never both act), and every step is in the
+audit with its figures. A paused loop is not ticked.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import logging
+
+from django.db import transaction
+from django.utils import timezone
+from rollouts.models import RolloutState
+from rollouts.service import RolloutError, create_rollout
+from slo.models import SLO
+from tuning import calibration
+from tuning.models import ACTIVE_STATES as STUDY_ACTIVE
+from tuning.models import StudyState, TuningStudy
+from tuning.service import StudyError, create_study, group_config, propose
+from tuning.service import cancel as cancel_study
+
+from . import service as S
+from .models import ACTIVE_STATES, Loop, LoopState, Mode
+from .policy import space_for
+
+log = logging.getLogger(__name__)
+SLO_FIGURES = {"ttft_ms": "ttft_ms", "tpot_ms": "tpot_ms", "e2e_ms": "e2e_ms"}
+
+
+def sweep() -> int:
+    ids = list(Loop.objects.filter(state__in=ACTIVE_STATES, paused=False).values_list("id", flat=True))
+    for loop_id in ids:
+        advance(loop_id)
+    return len(ids)
+
+
+def advance(loop_id: int, now: dt.datetime | None = None) -> str | None:
+    """One tick of one loop; its state after it."""
+    loop = Loop.objects.filter(id=loop_id).select_related("project", "study", "rollout", "slo").first()
+    if loop is None or not loop.active or loop.paused:
+        return loop.state if loop else None
+    try:
+        _tick(loop, now or timezone.now())
+    except Exception as exc:  # noqa: BLE001 - a step that cannot be done ends the loop with its reason
+        log.exception("loop %s: tick failed", loop_id)
+        S.stop(Loop.objects.get(id=loop_id), LoopState.FAILED, actor=S.LOOP, reason=f"the loop failed: {exc}")
+    return Loop.objects.filter(id=loop_id).values_list("state", flat=True).first()
+
+
+def _tick(loop: Loop, now: dt.datetime) -> None:
+    if loop.state == LoopState.STUDYING:
+        _studying(loop)
+    elif loop.state == LoopState.AWAITING_APPROVAL:
+        if loop.approval_expires_at and now >= loop.approval_expires_at:
+            S.move(loop, LoopState.EXPIRED, reason=f"nobody approved the rollout within "
+                                                   f"{loop.policy.get('approval_seconds')} s", approval_nonce="")
+    elif loop.state == LoopState.ROLLING_OUT:
+        _rolling_out(loop, now)
+    elif loop.state == LoopState.WATCHING:
+        _watching(loop, now)
+
+
+# ---------------------------------------------------------------------------------------------- the study
+def _slo_override(loop: Loop) -> dict | None:
+    """The burning SLO as the study's target: its latency threshold, or None (the project's SLOs) for others."""
+    slo: SLO | None = loop.slo
+    if slo is None or slo.sli not in SLO_FIGURES or not slo.threshold_ms:
+        return None
+    return {SLO_FIGURES[slo.sli]: slo.threshold_ms}
+
+
+def _start_study(loop: Loop) -> None:
+    current, _ = group_config(loop.group)
+    policy = loop.policy
+    space = space_for(policy["knobs"], current.to_dict())
+    if not space:
+        S.move(loop, LoopState.FAILED, reason="the policy allows no knob the group's config can change")
+        return
+    try:
+        study = create_study(loop.project, group=loop.group, workload="traffic", space=space,
+                             trials=policy["study"]["trials"], slo=_slo_override(loop),
+                             confirm=bool(policy["min_confidence"].get("confirmation")),
+                             window_hours=policy["study"]["window_hours"], created_by=f"loop {loop.id}")
+    except StudyError as exc:
+        S.move(loop, LoopState.FAILED, reason=f"the study could not start: {exc}")
+        return
+    with transaction.atomic():
+        won = Loop.objects.filter(id=loop.id, version=loop.version, study__isnull=True).update(study=study)
+        if won:
+            loop.refresh_from_db()
+            S.record(loop, "study_started", S.LOOP, f"tuning study {study.id} on {loop.group}'s last "
+                     f"{policy['study']['window_hours']:g} h of traffic, searching {', '.join(space)}",
+                     {"study": study.id, "space": space, "slo": study.slo, "engine_model": study.engine_model_id})
+    if not won:
+        cancel_study(study)
+
+
+def _confidence(loop: Loop, study: TuningStudy) -> str | None:
+    """Why the study's result is not trusted enough for this loop, or None."""
+    wanted = loop.policy["min_confidence"]
+    bound = wanted.get("model_error")
+    if bound is not None:
+        model = study.engine_model
+        if model is None:
+            return (f"the study simulated with the published constants: no calibrated engine model of group "
+                    f"{loop.group} (the policy asks for a model error within {bound:.0%})")
+        worst = calibration.worst_of(model.held_out_error)
+        live = calibration.worst_of(model.live_error)
+        if worst is None or worst > bound or (live is not None and live > bound):
+            return (f"engine model {model.id}'s error is above the policy's {bound:.0%}: held-out "
+                    f"{worst if worst is None else f'{worst:.0%}'}, live {live if live is None else f'{live:.0%}'}")
+    if wanted.get("confirmation"):
+        confirmed = (study.result or {}).get("confirmed_goodput")
+        if not confirmed:
+            confirmation = (study.result or {}).get("confirmation") or {}
+            return ("the winner was not confirmed on replicas: "
+                    f"{confirmation.get('error') or confirmation.get('skipped') or 'it met the SLOs at no rate'}")
+    return None
+
+
+def _within_limits(loop: Loop, proposal: dict) -> str | None:
+    """Why the proposal changes a knob the policy does not allow, or by more than its factor; None when it does not."""
+    knobs = loop.policy["knobs"]
+    for knob, change in (proposal.get("diff") or {}).items():
+        if knob not in knobs:
+            return f"the proposal changes {knob}, which the policy does not allow"
+        factor = knobs[knob].get("max_factor")
+        old, new = change.get("current"), change.get("proposed")
+        if factor and isinstance(old, (int, float)) and isinstance(new, (int, float)) and old > 0 and new > 0 \
+                and max(new / old, old / new) > factor * 1.0001:
+            return f"the proposal moves {knob} from {old} to {new}, beyond the policy's ×{factor:g}"
+    return None
+
+
+def _studying(loop: Loop) -> None:
+    study = loop.study
+    if study is None:
+        _start_study(loop)
+        return
+    if study.state in STUDY_ACTIVE:
+        return
+    if study.state != StudyState.DONE:
+        S.move(loop, LoopState.FAILED, reason=f"tuning study {study.id} {study.state}: {study.error or 'no result'}")
+        return
+    figures = {"study": study.id, "best": (study.result or {}).get("best"),
+               "current": (study.result or {}).get("current"),
+               "confirmed_goodput": (study.result or {}).get("confirmed_goodput")}
+    doubt = _confidence(loop, study)
+    if doubt:
+        S.move(loop, LoopState.FAILED, reason=f"not confident enough to change {loop.group}: {doubt}",
+               figures=figures)
+        return
+    try:
+        proposal = propose(study, by=f"loop {loop.id}")
+    except StudyError as exc:
+        S.move(loop, LoopState.FAILED, reason=f"tuning study {study.id}: {exc}", figures=figures)
+        return
+    beyond = _within_limits(loop, proposal)
+    if beyond:
+        S.move(loop, LoopState.FAILED, reason=beyond, figures={**figures, "proposal": proposal})
+        return
+    changes = ", ".join(f"{k}: {v['current']} → {v['proposed']}" for k, v in proposal["diff"].items())
+    figures["proposal"] = proposal
+    if loop.mode == Mode.PROPOSE:
+        S.move(loop, LoopState.PROPOSED, reason=f"proposed {changes} (the policy stops at the proposal)",
+               figures=figures, proposal=proposal)
+    elif loop.mode == Mode.APPROVE:
+        expires = timezone.now() + dt.timedelta(seconds=loop.policy["approval_seconds"])
+        nonce = S.new_nonce()
+        pending = Loop(id=loop.id, project=loop.project, approval_nonce=nonce)
+        S.move(loop, LoopState.AWAITING_APPROVAL, step="approval_requested",
+               reason=f"proposed {changes}; an admin's approval starts the rollout (until {expires:%H:%M:%S} UTC)",
+               figures=figures, link=S.approval_link(pending), proposal=proposal, approval_nonce=nonce,
+               approval_expires_at=expires)
+    else:
+        S.move(loop, LoopState.ROLLING_OUT, step="proposed", reason=f"proposed {changes}; the policy is auto",
+               figures=figures, proposal=proposal)
+        transaction.on_commit(lambda: S.advance_soon(loop.id))
+
+
+# ---------------------------------------------------------------------------------------------- the rollout
+def _rolling_out(loop: Loop, now: dt.datetime) -> None:
+    rollout = loop.rollout
+    if rollout is None:
+        try:
+            rollout = create_rollout(loop.project, group=loop.group, from_study=loop.study_id,
+                                     plan=loop.policy["plan"], created_by=f"loop {loop.id}")
+        except RolloutError as exc:
+            S.move(loop, LoopState.FAILED, reason=f"the rollout could not start: {exc}")
+            return
+        with transaction.atomic():
+            won = type(loop).objects.filter(id=loop.id, version=loop.version, rollout__isnull=True) \
+                .update(rollout=rollout)
+            if won:
+                loop.refresh_from_db()
+                S.record(loop, "rollout_started", S.LOOP, f"rollout {rollout.id} of config "
+                         f"{rollout.config_version} to {loop.group} ({len(rollout.plan['steps'])} steps)",
+                         {"rollout": rollout.id, "plan": rollout.plan})
+        return
+    if rollout.state == RolloutState.PROMOTED:
+        until = now + dt.timedelta(seconds=loop.policy["watch_seconds"])
+        S.move(loop, LoopState.WATCHING, step="promoted", reason=f"rollout {rollout.id} promoted config "
+               f"{rollout.config_version}; the SLO is watched until {until:%H:%M:%S} UTC", watch_until=until,
+               figures={"rollout": rollout.id})
+    elif rollout.state in (RolloutState.ROLLED_BACK, RolloutState.ABORTED, RolloutState.FAILED):
+        S.move(loop, LoopState.ROLLED_BACK, reason=f"rollout {rollout.id} {rollout.state}: {rollout.reason}",
+               figures={"rollout": rollout.id})
+
+
+def burn_now(loop: Loop) -> float | None:
+    """The burning SLO's 5-minute burn rate at its latest evaluation (None when unknown)."""
+    if loop.slo_id is None:
+        return None
+    status = SLO.objects.filter(id=loop.slo_id).values_list("last_status", flat=True).first() or {}
+    return (status.get("burn_rates") or {}).get("5m")
+
+
+def _watching(loop: Loop, now: dt.datetime) -> None:
+    rate = burn_now(loop)
+    if rate is not None and rate < 1 and loop.restored_at is None:
+        with transaction.atomic():
+            if Loop.objects.filter(id=loop.id, version=loop.version).update(restored_at=now):
+                loop.refresh_from_db()
+                S.record(loop, "burn_below_1", S.LOOP, f"the SLO's 5-minute burn rate is {rate:.2f}, below 1, "
+                         f"{(now - loop.created_at).total_seconds():.0f} s after the page",
+                         {"burn_rate_5m": rate, "seconds_since_page": (now - loop.created_at).total_seconds()})
+    if loop.watch_until and now >= loop.watch_until:
+        figures = {"burn_rate_5m": rate, "restored_at": loop.restored_at.isoformat() if loop.restored_at else None}
+        if rate is not None and rate < 1:
+            S.move(loop, LoopState.RESTORED, reason=f"the SLO's 5-minute burn rate is {rate:.2f} at the watch's end",
+                   figures=figures)
+        else:
+            S.move(loop, LoopState.NOT_RESTORED, reason=f"the SLO still burns at the watch's end (5-minute burn "
+                   f"rate {rate if rate is None else f'{rate:.2f}'})", figures=figures)
+

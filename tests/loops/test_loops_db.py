@@ -1,0 +1,302 @@
+"""The closed loop against the metadata database, notify's real enqueue and Django's URL routing, with a fleet file
+whose controller is away (the loop reads the group's config from the file; nothing is started here): policies and
+their refusals, what a page starts (or not: off, an unmanaged group, a cooldown, a freeze, a busy group, two pages),
+a finished study's proposal through each mode, the confidence the policy asks for, and the approval links (once,
+before expiry, genuine, of the project, by admins only). The live loop on a simulated fleet is
+tests/loops/test_loops_live.py."""
+from __future__ import annotations
+
+import datetime as dt
+import json
+import socket
+
+import pytest
+from alerts.models import Alert, AlertKind
+from django.contrib.auth import get_user_model
+from django.test import Client
+from django.utils import timezone
+from loops import machine, service
+from loops.models import Loop, LoopPolicy
+from notify.models import Channel, Delivery
+from tenancy.models import ApiToken, Membership, Project
+from tuning.models import EngineModel, ModelState, StudyState, TuningStudy
+
+from engine.config import EngineConfig
+
+pytestmark = pytest.mark.django_db
+CONFIG = {"model": "meta-llama/Llama-3.1-8B-Instruct", "max_num_seqs": 32, "max_num_batched_tokens": 4096}
+
+
+@pytest.fixture
+def fleet(tmp_path, monkeypatch):
+    """A fleet file with the managed group `base` whose controller is not running (its control port refuses)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    run_dir = tmp_path / "engine"
+    run_dir.mkdir()
+    (run_dir / "control.token").write_text("t" * 43)
+    path = tmp_path / "fleet.yaml"
+    path.write_text(f"""
+name: away
+run_dir: {run_dir}
+control: {{bind: "127.0.0.1:{port}"}}
+gateway: {{bind: "127.0.0.1:{port + 1 if port < 65535 else port - 1}"}}
+groups:
+  - {{name: base, weight: 1, replicas: 1, backend: simulator, config: {json.dumps(CONFIG)}}}
+""")
+    monkeypatch.setenv("ENGINE_FLEET", str(path))
+    return path
+
+
+def _token(username: str, project: Project, role: str) -> str:
+    user, _ = get_user_model().objects.get_or_create(username=username)
+    Membership.objects.create(user=user, project=project, role=role)
+    return ApiToken.issue(user, role=role)[1]
+
+
+@pytest.fixture
+def world(fleet, settings):
+    settings.ALERTS = {**settings.ALERTS, "PUBLIC_URL": "https://obs.example"}
+    alpha, beta = Project.objects.create(name="alpha"), Project.objects.create(name="beta")
+    Channel.objects.create(project=alpha, name="hook", kind="webhook", url="http://127.0.0.1:9/hook")
+    return {"alpha": alpha, "beta": beta, "admin": _token("ada", alpha, "admin"),
+            "operator": _token("otto", alpha, "operator"), "viewer": _token("vic", alpha, "viewer"),
+            "outsider": _token("bob", beta, "admin")}
+
+
+def api(world, who: str, method: str, path: str, body=None):
+    client = Client()
+    response = getattr(client, method.lower())(f"/api/v1{path}", data=json.dumps(body) if body is not None else None,
+                                               content_type="application/json",
+                                               HTTP_AUTHORIZATION=f"Bearer {world[who]}")
+    return response.status_code, response.json()
+
+
+def page(project: Project, *, group: str = "base", component: str = "queue", severity: str = "page") -> Alert:
+    diagnosis = {"dominant_component": component, "summary": f"{component} time rose",
+                 "contributors": {"replica_group": [{"value": group, "requests": 100, "bad": 60}]}}
+    now = timezone.now()
+    return Alert.objects.create(
+        project=project, kind=AlertKind.SLO_BURN, fingerprint=f"fp-{Alert.objects.count()}", severity=severity,
+        state="firing", labels={"alertname": "SLOErrorBudgetBurn", "project": project.name, "slo": "chat-ttft"},
+        annotations={"title": "SLO chat-ttft burns"}, diagnosis=diagnosis, context={}, started_at=now, fired_at=now,
+        last_values={"burn_rates": {"5m": 20.0, "1h": 15.0}})
+
+
+def policy(world, **body) -> tuple[int, dict]:
+    return api(world, "admin", "PUT", "/loop-policies", {"plan": {"steps": [{"canary": 10, "interval": 120}]},
+                                                         **body})
+
+
+def test_a_policy_is_refused_with_every_problem(world):
+    from regressions.models import Dataset, DatasetVersion
+
+    dataset = Dataset.objects.create(project=world["alpha"], name="golden")
+    DatasetVersion.objects.create(dataset=dataset, number=1, item_count=1)
+    status, body = api(world, "admin", "PUT", "/loop-policies", {
+        "mode": "auto", "cooldown": 0, "knobs": {"max_num_seqs": {"max_factor": 2}, "warp_drive": {}},
+        "plan": {"steps": [{"canary": 10, "interval": 120}]}, "extra": 1})
+    assert status == 400, body
+    reasons = [p["reason"] for p in body["problems"]]
+    assert any("'warp_drive' is not a knob the engine has" in r for r in reasons), reasons
+    assert any("auto needs a cooldown above 0" in r for r in reasons), reasons
+    assert any("the project has a golden dataset (golden): the loop's rollouts need a regression gate" in r
+               for r in reasons), reasons
+    assert any("extra: not a field" in r for r in reasons), reasons
+    assert not LoopPolicy.objects.exists()
+    gated = {"steps": [{"gate": {"dataset": "golden"}}, {"canary": 10}]}
+    status, body = api(world, "admin", "PUT", "/loop-policies", {"group": "nowhere", "mode": "auto", "plan": gated})
+    assert status == 400 and "not a replica group of the managed fleet" in body["error"], body
+    for who in ("operator", "viewer"):
+        assert api(world, who, "PUT", "/loop-policies", {"mode": "auto"})[0] == 403
+    status, body = api(world, "admin", "PUT", "/loop-policies", {"mode": "auto", "cooldown": "6h", "plan": gated})
+    assert status == 200 and body["mode"] == "auto" and body["cooldown_seconds"] == 21600, body
+
+
+@pytest.mark.parametrize("mode,started", [("off", False), ("propose", True), ("approve", True), ("auto", True)])
+def test_a_page_on_an_engine_component_starts_a_loop_unless_off(world, mode, started):
+    assert policy(world, mode=mode)[0] == 200
+    loop = service.start_from_alert(page(world["alpha"]))
+    assert (loop is not None) == started
+    if started:
+        assert loop.state == "studying" and loop.group == "base" and loop.mode == mode
+        assert [s.step for s in loop.steps.all()] == ["started"]
+        assert Delivery.objects.filter(event__kind="loop").count() == 1  # every step is a notification
+
+
+def test_what_starts_no_loop(world):
+    assert policy(world, mode="auto", cooldown="6h", freeze=[
+        {"days": ["mon", "tue", "wed", "thu", "fri", "sat", "sun"], "from": "00:00", "to": "24:00"}])[0] == 200
+    assert service.start_from_alert(page(world["alpha"])) is None  # frozen every day
+    assert policy(world, mode="auto", cooldown="6h")[0] == 200
+    assert service.start_from_alert(page(world["alpha"], component="network")) is None  # not an engine component
+    assert service.start_from_alert(page(world["alpha"], severity="ticket")) is None  # a ticket, not a page
+    assert service.start_from_alert(page(world["alpha"], group="elsewhere")) is None  # not a managed group
+    first = service.start_from_alert(page(world["alpha"]))
+    assert first is not None
+    assert service.start_from_alert(page(world["alpha"])) is None  # two pages on one group: one loop
+    service.end(first, "ada")
+    assert service.start_from_alert(page(world["alpha"])) is None  # cooldown
+    Loop.objects.filter(id=first.id).update(created_at=timezone.now() - dt.timedelta(hours=7))
+    assert service.start_from_alert(page(world["alpha"])) is not None
+    assert Loop.objects.count() == 2
+
+
+def _done_study(loop: Loop, *, proposed: dict, confirmed: float | None = 12.0, model_error: float | None = 0.05):
+    current = EngineConfig.from_dict(CONFIG)
+    model = None
+    if model_error is not None:
+        now = timezone.now()
+        model = EngineModel.objects.create(
+            project=loop.project, group="base", config_version=current.version, config=current.to_dict(),
+            window_start=now - dt.timedelta(hours=1), window_end=now, state=ModelState.FITTED, base_profile="H100",
+            held_out_error={"ttft_ms_p50": model_error, "tpot_ms_p50": -model_error})
+    best = {**current.to_dict(), **proposed}
+    study = TuningStudy.objects.create(
+        project=loop.project, group="base", current_config=current.to_dict(), workload={}, slo={}, space={},
+        trials=5, state=StudyState.DONE, engine_model=model, confirm=True,
+        result={"best": {"config": best, "goodput": 14.0}, "current": {"goodput": 8.0}, "predicted_gain": 0.75,
+                "confirmed_goodput": confirmed, "confirmation": {"confirmed_goodput": confirmed}})
+    Loop.objects.filter(id=loop.id).update(study=study)
+    return study
+
+
+def test_propose_stops_at_the_proposal_and_auto_goes_on_to_the_rollout(world):
+    assert policy(world, mode="propose")[0] == 200
+    loop = service.start_from_alert(page(world["alpha"]))
+    _done_study(loop, proposed={"max_num_seqs": 64})
+    assert machine.advance(loop.id) == "proposed"
+    loop.refresh_from_db()
+    assert loop.proposal["diff"] == {"max_num_seqs": {"current": 32, "proposed": 64}} and loop.finished_at
+    assert "proposed max_num_seqs: 32 → 64 (the policy stops at the proposal)" in loop.reason
+    Loop.objects.all().delete()
+    assert policy(world, mode="auto", cooldown="1h")[0] == 200
+    loop = service.start_from_alert(page(world["alpha"]))
+    _done_study(loop, proposed={"max_num_seqs": 64})
+    assert machine.advance(loop.id) == "rolling_out"
+    assert machine.advance(loop.id) == "rolling_out"  # the rollout is created on the next tick
+    loop.refresh_from_db()
+    assert loop.rollout is not None and loop.rollout.config["max_num_seqs"] == 64
+    assert loop.rollout.created_by == f"loop {loop.id}" and loop.rollout.study_id == loop.study_id
+    steps = [s.step for s in loop.steps.all()]
+    assert steps == ["started", "proposed", "rollout_started"], steps
+
+
+@pytest.mark.parametrize("study,words", [
+    ({"proposed": {"max_num_seqs": 64}, "model_error": None}, "no calibrated engine model"),
+    ({"proposed": {"max_num_seqs": 64}, "model_error": 0.3}, "error is above the policy's 20%"),
+    ({"proposed": {"max_num_seqs": 64}, "confirmed": None}, "the winner was not confirmed on replicas"),
+    ({"proposed": {"max_num_seqs": 256}}, "moves max_num_seqs from 32 to 256, beyond the policy's ×2"),
+    ({"proposed": {"block_size": 32}}, "changes block_size, which the policy does not allow"),
+])
+def test_a_result_the_policy_does_not_trust_ends_the_loop_with_the_reason(world, study, words):
+    assert policy(world, mode="auto", cooldown="1h")[0] == 200
+    loop = service.start_from_alert(page(world["alpha"]))
+    _done_study(loop, **study)
+    assert machine.advance(loop.id) == "failed"
+    loop.refresh_from_db()
+    assert words in loop.reason, loop.reason
+    assert loop.rollout is None
+
+
+def _awaiting(world) -> tuple[Loop, str]:
+    assert policy(world, mode="approve", approval_expires="1h")[0] == 200
+    loop = service.start_from_alert(page(world["alpha"]))
+    _done_study(loop, proposed={"max_num_seqs": 64})
+    assert machine.advance(loop.id) == "awaiting_approval"
+    loop.refresh_from_db()
+    step = loop.steps.get(step="approval_requested")
+    [delivery] = Delivery.objects.filter(id__in=step.delivery_ids)
+    link = delivery.event["annotations"]["approval_url"]
+    assert link.startswith("https://obs.example/loops/approve/") and link in delivery.event["description"]
+    return loop, link.rsplit("/", 1)[1]
+
+
+def test_approve_waits_for_an_admin_through_the_link_and_a_link_works_once(world):
+    loop, token = _awaiting(world)
+    assert machine.advance(loop.id) == "awaiting_approval"  # nothing changes before the approval
+    status, seen = api(world, "admin", "GET", f"/loop-approvals/{token}")
+    assert status == 200 and seen["id"] == loop.id and seen["state"] == "awaiting_approval"  # a GET changes nothing
+    for who, code in (("viewer", 403), ("operator", 403), ("outsider", 404)):
+        status, body = api(world, who, "POST", f"/loop-approvals/{token}", {"approve": True})
+        assert status == code, (who, body)
+    assert Loop.objects.get(id=loop.id).state == "awaiting_approval"
+    status, body = api(world, "admin", "POST", f"/loop-approvals/{token}", {"approve": True})
+    assert status == 202 and body["state"] == "rolling_out", body
+    assert [s["actor"] for s in body["steps"] if s["step"] == "approved"] == ["ada"]
+    status, body = api(world, "admin", "POST", f"/loop-approvals/{token}", {"approve": True})
+    assert status == 410 and "used or replaced" in body["error"], body  # reused
+
+
+def test_a_denial_ends_the_loop_and_forged_or_expired_links_do_nothing(world):
+    loop, token = _awaiting(world)
+    forged = token[:-4] + ("AAAA" if not token.endswith("AAAA") else "BBBB")
+    status, body = api(world, "admin", "POST", f"/loop-approvals/{forged}", {"approve": True})
+    assert status == 403 and "not genuine" in body["error"], body
+    Loop.objects.filter(id=loop.id).update(approval_expires_at=timezone.now() - dt.timedelta(seconds=1))
+    status, body = api(world, "admin", "POST", f"/loop-approvals/{token}", {"approve": True})
+    assert status == 410 and "expired" in body["error"], body
+    assert machine.advance(loop.id) == "expired"
+    Loop.objects.all().delete()
+
+    loop, token = _awaiting(world)
+    status, body = api(world, "admin", "POST", f"/loop-approvals/{token}", {"approve": False, "reason": "not now"})
+    assert status == 202 and body["state"] == "denied" and body["reason"] == "not now", body
+    assert Loop.objects.get(id=loop.id).rollout is None
+
+
+def test_the_loops_api_is_per_project_and_humans_pause_resume_and_end(world):
+    assert policy(world, mode="auto", cooldown="1h")[0] == 200
+    loop = service.start_from_alert(page(world["alpha"]))
+    status, listed = api(world, "viewer", "GET", "/loops")
+    assert status == 200 and [x["id"] for x in listed["loops"]] == [loop.id]
+    assert api(world, "outsider", "GET", f"/loops/{loop.id}")[0] == 404
+    assert api(world, "viewer", "POST", f"/loops/{loop.id}/pause")[0] == 403
+    status, body = api(world, "operator", "POST", f"/loops/{loop.id}/pause")
+    assert status == 202 and body["paused"], body
+    _done_study(loop, proposed={"max_num_seqs": 64})
+    assert machine.advance(loop.id) == "studying"  # paused: not ticked
+    assert api(world, "operator", "POST", f"/loops/{loop.id}/resume")[0] == 403
+    assert api(world, "admin", "POST", f"/loops/{loop.id}/resume")[0] == 202
+    status, body = api(world, "admin", "POST", f"/loops/{loop.id}/end", {"reason": "doing it by hand"})
+    assert status == 202 and body["state"] == "ended" and body["reason"] == "doing it by hand", body
+    assert [s["step"] for s in body["steps"]] == ["started", "paused", "resumed", "ended"]
+    assert api(world, "admin", "POST", f"/loops/{loop.id}/end")[0] == 409
+
+
+def test_a_page_through_the_alerts_lifecycle_starts_the_loop_and_a_canary_page_aborts_it(
+        world, django_capture_on_commit_callbacks):
+    """The alerts' lifecycle calls the loop once a page's firing commits (LoopsConfig.ready() registered it)."""
+    from alerts.lifecycle import AlertSpec, drive
+
+    assert policy(world, mode="auto", cooldown="1h")[0] == 200
+
+    def spec(key: str) -> AlertSpec:
+        return AlertSpec(project_id=world["alpha"].id, project_name="alpha", kind=AlertKind.SLO_BURN, key=key,
+                         severity="page", labels={"alertname": "SLOErrorBudgetBurn", "project": "alpha"},
+                         annotations={"title": f"SLO {key} burns"}, values={}, context={}, title=f"SLO {key} burns",
+                         summary="")
+
+    def blaming(group: str):
+        return lambda *args, **kwargs: {"dominant_component": "prefill", "summary": "prefill time rose",
+                                        "contributors": {"replica_group": [{"value": group}]}}
+
+    with django_capture_on_commit_callbacks(execute=True):
+        drive(spec("chat-ttft"), True, timezone.now(), diagnose_fn=blaming("base"))
+    [loop] = Loop.objects.all()
+    assert loop.state == "studying" and loop.trigger["component"] == "prefill"
+    assert loop.alert.fingerprint == loop.alert_fingerprint
+    _done_study(loop, proposed={"max_num_seqs": 64})
+    machine.advance(loop.id)
+    machine.advance(loop.id)
+    loop.refresh_from_db()
+    assert loop.state == "rolling_out" and loop.rollout is not None
+    # A page whose diagnosis blames the canary aborts the loop; its rollout is rolled back.
+    with django_capture_on_commit_callbacks(execute=True):
+        drive(spec("chat-tpot"), True, timezone.now(), diagnose_fn=blaming(loop.rollout.canary_group))
+    loop.refresh_from_db()
+    loop.rollout.refresh_from_db()
+    assert loop.state == "aborted" and loop.rollout.canary_group in loop.reason, loop.reason
+    assert loop.rollout.state in ("rolled_back", "aborted"), loop.rollout.state
+    assert Loop.objects.count() == 1  # the canary's page started no loop of its own (not a managed group)
