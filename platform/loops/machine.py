@@ -7,8 +7,9 @@
 - awaiting_approval: expire when nobody decided in time;
 - rolling_out: start the rollout with the policy's plan once approved; follow it to promoted (watch) or not
   (rolled_back, with the rollout's reason);
-- watching: the burning SLO's 5-minute burn rate, read from its latest evaluation, until the watch ends: restored
-  when it is below 1 then (and when it first fell below 1), not_restored otherwise.
+- watching: the burning SLO's burn rate over its fastest page tier's short window (5m by default), read from its
+  latest evaluation, until the watch ends: restored when it is below 1 then (and when it first fell below 1),
+  not_restored otherwise.
 
 Every change is a conditional update on the loop's version (two workers never both act), and every step is in the
 audit with its figures. A paused loop is not ticked.
@@ -22,6 +23,7 @@ from django.db import transaction
 from django.utils import timezone
 from rollouts.models import RolloutState
 from rollouts.service import RolloutError, create_rollout
+from slo.burn import window_label
 from slo.models import SLO
 from tuning import calibration
 from tuning.models import ACTIVE_STATES as STUDY_ACTIVE
@@ -217,29 +219,33 @@ def _rolling_out(loop: Loop, now: dt.datetime) -> None:
                figures={"rollout": rollout.id})
 
 
-def burn_now(loop: Loop) -> float | None:
-    """The burning SLO's 5-minute burn rate at its latest evaluation (None when unknown)."""
-    if loop.slo_id is None:
-        return None
-    status = SLO.objects.filter(id=loop.slo_id).values_list("last_status", flat=True).first() or {}
-    return (status.get("burn_rates") or {}).get("5m")
+def burn_now(loop: Loop) -> tuple[str, float | None]:
+    """(the window, the burning SLO's burn rate over it) at its latest evaluation: the short window of its fastest
+    page tier (5m with the default tiers), the one that says whether it burns now. None when unknown."""
+    slo = SLO.objects.filter(id=loop.slo_id).first() if loop.slo_id else None
+    if slo is None:
+        return "5m", None
+    tiers = sorted(slo.burn_tiers, key=lambda t: (t.severity != "page", t.short_window))
+    label = window_label(tiers[0].short_window) if tiers else "5m"
+    return label, ((slo.last_status or {}).get("burn_rates") or {}).get(label)
 
 
 def _watching(loop: Loop, now: dt.datetime) -> None:
-    rate = burn_now(loop)
+    window, rate = burn_now(loop)
     if rate is not None and rate < 1 and loop.restored_at is None:
         with transaction.atomic():
             if Loop.objects.filter(id=loop.id, version=loop.version).update(restored_at=now):
                 loop.refresh_from_db()
-                S.record(loop, "burn_below_1", S.LOOP, f"the SLO's 5-minute burn rate is {rate:.2f}, below 1, "
+                S.record(loop, "burn_below_1", S.LOOP, f"the SLO's {window} burn rate is {rate:.2f}, below 1, "
                          f"{(now - loop.created_at).total_seconds():.0f} s after the page",
-                         {"burn_rate_5m": rate, "seconds_since_page": (now - loop.created_at).total_seconds()})
+                         {"window": window, "burn_rate": rate,
+                          "seconds_since_page": (now - loop.created_at).total_seconds()})
     if loop.watch_until and now >= loop.watch_until:
-        figures = {"burn_rate_5m": rate, "restored_at": loop.restored_at.isoformat() if loop.restored_at else None}
+        figures = {"window": window, "burn_rate": rate,
+                   "restored_at": loop.restored_at.isoformat() if loop.restored_at else None}
         if rate is not None and rate < 1:
-            S.move(loop, LoopState.RESTORED, reason=f"the SLO's 5-minute burn rate is {rate:.2f} at the watch's end",
+            S.move(loop, LoopState.RESTORED, reason=f"the SLO's {window} burn rate is {rate:.2f} at the watch's end",
                    figures=figures)
         else:
-            S.move(loop, LoopState.NOT_RESTORED, reason=f"the SLO still burns at the watch's end (5-minute burn "
+            S.move(loop, LoopState.NOT_RESTORED, reason=f"the SLO still burns at the watch's end ({window} burn "
                    f"rate {rate if rate is None else f'{rate:.2f}'})", figures=figures)
-

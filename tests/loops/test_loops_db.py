@@ -300,3 +300,35 @@ def test_a_page_through_the_alerts_lifecycle_starts_the_loop_and_a_canary_page_a
     assert loop.state == "aborted" and loop.rollout.canary_group in loop.reason, loop.reason
     assert loop.rollout.state in ("rolled_back", "aborted"), loop.rollout.state
     assert Loop.objects.count() == 1  # the canary's page started no loop of its own (not a managed group)
+
+
+def test_a_promoted_loop_watches_the_slo_and_ends_restored_or_not(world):
+    from rollouts.models import Rollout
+    from slo import services as slos
+    from slo.models import SLO
+
+    slo = slos.create(world["alpha"].id, {"name": "chat-ttft", "sli": "ttft_ms", "threshold_ms": 500,
+                                          "objective": "99%", "filters": {"replica_group": ["base"]}})
+    assert policy(world, mode="auto", cooldown="1h", watch="10m")[0] == 200
+    for rate_at_end, final in ((0.4, "restored"), (3.0, "not_restored")):
+        Loop.objects.all().delete()
+        alert = page(world["alpha"])
+        Alert.objects.filter(id=alert.id).update(slo=slo)
+        alert.refresh_from_db()
+        loop = service.start_from_alert(alert)
+        _done_study(loop, proposed={"max_num_seqs": 64})
+        machine.advance(loop.id)
+        machine.advance(loop.id)
+        loop.refresh_from_db()
+        Rollout.objects.filter(id=loop.rollout_id).update(state="promoted")
+        SLO.objects.filter(id=slo.id).update(last_status={"burn_rates": {"5m": 20.0, "1h": 15.0}})
+        assert machine.advance(loop.id) == "watching"
+        assert machine.advance(loop.id) == "watching" and Loop.objects.get(id=loop.id).restored_at is None
+        SLO.objects.filter(id=slo.id).update(last_status={"burn_rates": {"5m": 0.4, "1h": 9.0}})
+        assert machine.advance(loop.id) == "watching"
+        assert Loop.objects.get(id=loop.id).restored_at is not None  # when the burn first fell below 1
+        SLO.objects.filter(id=slo.id).update(last_status={"burn_rates": {"5m": rate_at_end, "1h": 8.0}})
+        Loop.objects.filter(id=loop.id).update(watch_until=timezone.now() - dt.timedelta(seconds=1))
+        assert machine.advance(loop.id) == final
+        steps = [s.step for s in Loop.objects.get(id=loop.id).steps.all()]
+        assert steps == ["started", "proposed", "rollout_started", "promoted", "burn_below_1", final], steps
