@@ -15,6 +15,7 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_http_methods
+from loops.models import Loop
 from notify.models import Delivery
 
 from .access import Viewer, page
@@ -105,8 +106,10 @@ def alert_detail(request: HttpRequest, viewer: Viewer, fingerprint: str) -> Http
     silences = [silence_json(s, now) for s in SilenceRow.objects.filter(project_id=viewer.project_id)
                 .select_related("project").order_by("-id")[:200]
                 if matches_all(s.parsed_matchers(), labels)]
+    loops = list(Loop.objects.filter(project_id=viewer.project_id, alert_fingerprint=fingerprint)
+                 .values("id", "group", "state")[:10])
     context = _base(request, viewer, "alerts", alert=data, bars=_bars(data["diagnosis"]), deliveries=deliveries,
-                    silences=silences, values=values, errors=errors)
+                    silences=silences, values=values, errors=errors, loops=loops)
     return render(request, "dashboards/alert.html", context, status=status)
 
 

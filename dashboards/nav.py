@@ -21,4 +21,5 @@ PAGES = (
     Entry("regressions", "Regressions", "regressions"),
     Entry("tuning", "Tuning", "tuning"),
     Entry("rollouts", "Rollouts", "rollouts"),
+    Entry("loops", "Loops", "loops"),
 )

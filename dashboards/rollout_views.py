@@ -151,6 +151,7 @@ def rollout_detail(request: HttpRequest, viewer: Viewer, rollout_id: int) -> Htt
     return polled_page(request, viewer, "rollouts", template="dashboards/rollout.html",
                        partial="dashboards/partials/rollout_progress.html", active=rollout.state in ACTIVE_STATES,
                        reload_when_done=False, rollout=data, latest=latest, charts=charts,
+                       loop=rollout.loops.values("id", "state").first(),
                        analyses=list(rollout.analyses.order_by("-at", "-id")[:30]))
 
 

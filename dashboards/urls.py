@@ -2,7 +2,17 @@
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from . import alert_views, channel_views, engine_views, regression_views, rollout_views, slo_views, tuning_views, views
+from . import (
+               alert_views,
+               channel_views,
+               engine_views,
+               loop_views,
+               regression_views,
+               rollout_views,
+               slo_views,
+               tuning_views,
+               views,
+)
 
 urlpatterns = [
     path("", views.overview, name="overview"),
@@ -36,6 +46,10 @@ urlpatterns = [
     path("rollouts/new", rollout_views.rollout_create, name="rollout-new"),
     path("rollouts/<int:rollout_id>/", rollout_views.rollout_detail, name="rollout"),
     path("rollouts/<int:rollout_id>/<slug:action>", rollout_views.rollout_control, name="rollout-control"),
+    path("loops/", loop_views.loops, name="loops"),
+    path("loops/approve/<str:token>", loop_views.loop_approval, name="loop-approval"),
+    path("loops/<int:loop_id>/", loop_views.loop_detail, name="loop"),
+    path("loops/<int:loop_id>/<slug:action>", loop_views.loop_control, name="loop-control"),
     path("accounts/login/", auth_views.LoginView.as_view(template_name="dashboards/login.html",
                                                          redirect_authenticated_user=True), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),

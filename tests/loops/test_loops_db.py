@@ -332,3 +332,32 @@ def test_a_promoted_loop_watches_the_slo_and_ends_restored_or_not(world):
         assert machine.advance(loop.id) == final
         steps = [s.step for s in Loop.objects.get(id=loop.id).steps.all()]
         assert steps == ["started", "proposed", "rollout_started", "promoted", "burn_below_1", final], steps
+
+
+def test_the_loop_pages_show_the_timeline_and_the_link_decides_only_on_an_admins_post(world):
+    loop, token = _awaiting(world)
+    users = get_user_model().objects
+    admin, viewer = Client(), Client()
+    admin.force_login(users.get(username="ada"))
+    viewer.force_login(users.get(username="vic"))
+    listing = admin.get("/loops/").content.decode()
+    assert f'data-loop="{loop.id}"' in listing and "awaiting_approval" in listing and "<code>max_num_seqs</code>" \
+        in listing  # the policy's knobs
+    page_text = admin.get(f"/loops/{loop.id}/").content.decode()
+    for step in ("started", "approval_requested"):
+        assert f'data-step="{step}"' in page_text
+    assert 'data-testid="approve"' in page_text and "32" in page_text and "64" in page_text  # the proposal
+    assert 'data-testid="approve"' not in viewer.get(f"/loops/{loop.id}/").content.decode()
+
+    seen = admin.get(f"/loops/approve/{token}")
+    assert seen.status_code == 200 and 'data-testid="decide"' in seen.content.decode()
+    assert Loop.objects.get(id=loop.id).state == "awaiting_approval"  # a GET never acts
+    assert "Only an admin" in viewer.get(f"/loops/approve/{token}").content.decode()
+    assert viewer.post(f"/loops/approve/{token}", {"decision": "approve"}).status_code == 403
+    assert Loop.objects.get(id=loop.id).state == "awaiting_approval"
+    forged = admin.get(f"/loops/approve/{token[:-3]}xyz")
+    assert forged.status_code == 403 and "not genuine" in forged.content.decode()
+    done = admin.post(f"/loops/approve/{token}", {"decision": "approve", "reason": "go"})
+    assert done.status_code == 302 and Loop.objects.get(id=loop.id).state == "rolling_out"
+    again = admin.get(f"/loops/approve/{token}")
+    assert again.status_code == 410 and "Nothing was changed" in again.content.decode()
