@@ -3,15 +3,15 @@ from django.contrib.auth import views as auth_views
 from django.urls import path
 
 from . import (
-               alert_views,
-               channel_views,
-               engine_views,
-               loop_views,
-               regression_views,
-               rollout_views,
-               slo_views,
-               tuning_views,
-               views,
+    alert_views,
+    channel_views,
+    engine_views,
+    loop_views,
+    regression_views,
+    rollout_views,
+    slo_views,
+    tuning_views,
+    views,
 )
 
 urlpatterns = [
