@@ -19,7 +19,7 @@ from fleet.control import FleetRefused, control, group_of, snapshot
 from fleet.state import FleetUnavailable
 from regressions.models import RegressionRun, RunState
 from regressions.service import RunError, create_run
-from slo.models import SLO
+from slo.models import REQUEST_SLIS, SLO
 from traces.store import get_store
 
 from . import analysis
@@ -245,9 +245,10 @@ def look(rollout: Rollout, since: dt.datetime, until: dt.datetime) -> dict:
 
 
 def scoped_slos(rollout: Rollout) -> list[dict]:
-    """The project's enabled SLOs scoped to the rollout's group (their replica_group filter names it)."""
+    """The project's enabled SLOs on requests scoped to the rollout's group (their replica_group filter names it);
+    an engine_model_error SLO counts checks of the group's engine model, which a canary's requests cannot judge."""
     out = []
-    for slo in SLO.objects.filter(project_id=rollout.project_id, enabled=True):
+    for slo in SLO.objects.filter(project_id=rollout.project_id, enabled=True, sli__in=REQUEST_SLIS):
         groups = (slo.filters or {}).get("replica_group") or []
         if rollout.group in groups:
             out.append({"name": slo.name, "sli": slo.sli, "threshold_ms": slo.threshold_ms,

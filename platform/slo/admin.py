@@ -10,7 +10,7 @@ class SloForm(forms.ModelForm):
     class Meta:
         model = SLO
         fields = (
-            "project", "name", "description", "sli", "threshold_ms", "objective", "period_days", "filters",
+            "project", "name", "description", "sli", "threshold_ms", "threshold", "objective", "period_days", "filters",
             "include_cached", "tiers", "min_requests", "min_bad", "no_data", "repeat_interval_seconds", "labels",
             "enabled",
         )
@@ -28,8 +28,9 @@ class SloForm(forms.ModelForm):
             "repeat_interval": data.get("repeat_interval_seconds"), "labels": data.get("labels") or {},
             "enabled": data.get("enabled"),
         }
-        if data.get("threshold_ms") is not None:
-            definition["threshold_ms"] = data["threshold_ms"]
+        for key in ("threshold_ms", "threshold"):
+            if data.get(key) is not None:
+                definition[key] = data[key]
         try:
             fields = definitions.validate(definition)
         except definitions.DefinitionError as exc:
@@ -41,8 +42,8 @@ class SloForm(forms.ModelForm):
 @admin.register(SLO)
 class SloAdmin(admin.ModelAdmin):
     form = SloForm
-    list_display = ("name", "project", "sli", "threshold_ms", "objective", "period_days", "enabled", "last_state",
-                    "last_evaluated_at")
+    list_display = ("name", "project", "sli", "threshold_ms", "threshold", "objective", "period_days", "enabled",
+                    "last_state", "last_evaluated_at")
     list_filter = ("project", "sli", "enabled", "last_state")
     search_fields = ("name", "description")
     readonly_fields = ("created_at", "updated_at", "last_evaluated_at", "last_state", "last_firing_tier", "last_status")

@@ -26,7 +26,7 @@ from apikit.inputs import Duration, DurationOrSeconds, Matching, ProjectName, Qu
 from django.http import HttpRequest
 from ninja import Path, Query, Schema
 from ninja.responses import Status
-from pydantic import ConfigDict, Field, StrictBool, StrictFloat, StrictInt
+from pydantic import ConfigDict, Field, StrictBool, StrictFloat, StrictInt, model_validator
 from traces.store import get_store
 
 from . import definitions, queries, services
@@ -75,6 +75,22 @@ class Filters(Schema):
     replica_group: Optional[Filter] = None
 
 
+class ModelCheckFilters(Schema):
+    """engine_model_error counts live checks of a replica group's engine model: only replica_group selects them."""
+
+    model_config = ConfigDict(extra="forbid")
+    replica_group: Optional[Filter] = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _only_the_group(cls, value):
+        others = sorted(str(k) for k in value if k != "replica_group") if isinstance(value, dict) else []
+        if others:
+            raise ValueError(f"engine_model_error counts live checks of a replica group's engine model, which only "
+                             f"replica_group selects; remove {', '.join(others)}")
+        return value
+
+
 # A percentage above 0% and at most 99.9999% ("0%", "0.0%" do not match); spaces around it are allowed.
 PERCENT = r"^ *([1-9][0-9]?(\.[0-9]{1,4})?|0\.([1-9][0-9]{0,3}|0[1-9][0-9]{0,2}|00[1-9][0-9]?|000[1-9])) *% *$"
 Objective = Union[
@@ -87,6 +103,12 @@ LATENCY_SLIS = tuple(str(sli) for sli in LATENCY_SLI_CHOICES)
 EXAMPLE = {"description": "first token within 500 ms", "sli": "ttft_ms", "threshold_ms": 500, "objective": "99%",
            "period": "30d", "filters": {"service": "chat"}}
 ERRORS_EXAMPLE = {"sli": "error_ratio", "objective": "99.5%", "filters": {"service": "chat"}}
+MODEL_ERROR_EXAMPLE = {"sli": "engine_model_error", "threshold": 0.2, "objective": "90%",
+                       "filters": {"replica_group": "chat"},
+                       "tiers": [{"name": "page-6h", "severity": "page", "long_window": "6h", "short_window": "30m",
+                                  "factor": 6},
+                                 {"name": "ticket-3d", "severity": "ticket", "long_window": "3d", "short_window": "6h",
+                                  "factor": 1}]}
 
 
 def _examples(*examples: dict) -> dict:
@@ -148,8 +170,9 @@ class _Definition(Schema):
             data.pop("filters", None)
         if data.get("labels") is None:
             data.pop("labels", None)
-        if data.get("threshold_ms") is None:
-            data.pop("threshold_ms", None)
+        for key in ("threshold_ms", "threshold"):
+            if data.get(key) is None:
+                data.pop(key, None)
         return data
 
 
@@ -158,6 +181,7 @@ class LatencySlo(_Definition):
 
     sli: Literal[LATENCY_SLIS]  # type: ignore[valid-type]
     threshold_ms: Threshold = Field(description="a request is good at or under it", examples=[500])
+    threshold: None = Field(None, description="none: only engine_model_error takes a ratio threshold")
 
 
 class ErrorRatioSlo(_Definition):
@@ -166,6 +190,21 @@ class ErrorRatioSlo(_Definition):
     model_config = ConfigDict(json_schema_extra=_examples(ERRORS_EXAMPLE))
     sli: Literal["error_ratio"]
     threshold_ms: None = Field(None, description="none: an error_ratio SLO has no threshold")
+    threshold: None = Field(None, description="none: an error_ratio SLO has no threshold")
+
+
+class EngineModelErrorSlo(_Definition):
+    """An SLO on the engine model of a replica group: each live check of the group's newest model (every
+    TUNING_CALIBRATION_CHECK_SECONDS) is an event, good when its worst |error| on p50 TTFT and p50 TPOT is at or
+    under threshold."""
+
+    model_config = ConfigDict(json_schema_extra=_examples(MODEL_ERROR_EXAMPLE))
+    sli: Literal["engine_model_error"]
+    threshold: Annotated[float, Field(gt=0, le=1, strict=True)] = Field(
+        description="the largest |relative error| of a good check, a fraction (0.2 = 20%)", examples=[0.2])
+    threshold_ms: None = Field(None, description="none: the threshold is a ratio (threshold)")
+    filters: Optional[ModelCheckFilters] = None
+    include_cached: Literal[False] = Field(False, description="false: checks are not requests")
 
 
 class NewLatencySlo(LatencySlo):
@@ -178,9 +217,14 @@ class NewErrorRatioSlo(ErrorRatioSlo):
     name: Slug = Field(description="unique in the project")
 
 
+class NewEngineModelErrorSlo(EngineModelErrorSlo):
+    model_config = ConfigDict(json_schema_extra=_examples({"name": "chat-model", **MODEL_ERROR_EXAMPLE}))
+    name: Slug = Field(description="unique in the project")
+
+
 # The SLI decides which fields apply: one form per kind, chosen by "sli" (a discriminator in the document).
-NewSlo = Annotated[Union[NewLatencySlo, NewErrorRatioSlo], Field(discriminator="sli")]
-SloReplacement = Annotated[Union[LatencySlo, ErrorRatioSlo], Field(discriminator="sli")]
+NewSlo = Annotated[Union[NewLatencySlo, NewErrorRatioSlo, NewEngineModelErrorSlo], Field(discriminator="sli")]
+SloReplacement = Annotated[Union[LatencySlo, ErrorRatioSlo, EngineModelErrorSlo], Field(discriminator="sli")]
 union_tags.update(Sli.values)
 
 
@@ -231,6 +275,8 @@ class Slo(Schema):
     description: str
     sli: str
     threshold_ms: Optional[float] = None
+    threshold: Optional[float] = Field(None, description="engine_model_error: the largest |relative error| of a good "
+                                                         "check")
     objective: float
     objective_percent: str
     period: str

@@ -170,7 +170,7 @@ def windows_of(tiers: Iterable[BurnTier], period: dt.timedelta) -> list[dt.timed
 
 def evaluate(*, slo_id: int, at: dt.datetime, objective: float, period: dt.timedelta, tiers: Iterable[BurnTier],
              counts: Mapping[str, WindowCounts], min_requests: int = 0, min_bad: int = 0,
-             no_data: str = "ok", previous_firing: str | None = None) -> Evaluation:
+             no_data: str = "ok", previous_firing: str | None = None, events: str = "requests") -> Evaluation:
     """Decide the SLO's state from the request counts of each window (keyed by window_label).
 
     - A tier burns when both windows reach its factor, its long window holds at least `min_requests`
@@ -181,6 +181,7 @@ def evaluate(*, slo_id: int, at: dt.datetime, objective: float, period: dt.timed
       "ok" nothing; "keep" the tier that fired at the previous evaluation (`previous_firing`, by
       name) keeps firing; "alert" a tier named "no_data" (severity ticket, the fastest tier's
       windows) fires.
+    `events` names what is counted in the reasons: requests, or an engine model's live checks.
     """
     if no_data not in NO_DATA_POLICIES:
         raise ValueError(f"no_data must be one of {', '.join(NO_DATA_POLICIES)}")
@@ -202,16 +203,16 @@ def evaluate(*, slo_id: int, at: dt.datetime, objective: float, period: dt.timed
         burning, suppressed = False, False
         long_label, short_label = window_label(tier.long_window), window_label(tier.short_window)
         if long_burn is None:
-            reason = f"no requests in {long_label}"
+            reason = f"no {events} in {long_label}"
         elif not over:
             reason = (f"burn {_fmt(long_burn)} over {long_label}, {_fmt(short_burn)} over {short_label}: "
                       f"not both at or above {tier.factor:g}")
         elif long_counts.total < min_requests:
             guarded = True
-            reason = f"low traffic: {long_counts.total} requests in {long_label} < min_requests {min_requests}"
+            reason = f"low traffic: {long_counts.total} {events} in {long_label} < min_requests {min_requests}"
         elif long_counts.bad < min_bad:
             guarded = True
-            reason = f"low traffic: {long_counts.bad} bad requests in {long_label} < min_bad {min_bad}"
+            reason = f"low traffic: {long_counts.bad} bad {events} in {long_label} < min_bad {min_bad}"
         else:
             burning = True
             if firing is not None:
@@ -229,7 +230,7 @@ def evaluate(*, slo_id: int, at: dt.datetime, objective: float, period: dt.timed
     no_data_now = counts_for(fastest.long_window).total == 0
     if no_data_now:
         state = "no_data"
-        firing = _no_data_firing(no_data, ordered, previous_firing)
+        firing = _no_data_firing(no_data, ordered, previous_firing, events)
     elif firing is not None:
         state = "burning"
     elif guarded:
@@ -251,7 +252,8 @@ def evaluate(*, slo_id: int, at: dt.datetime, objective: float, period: dt.timed
     )
 
 
-def _no_data_firing(policy: str, ordered: list[BurnTier], previous_firing: str | None) -> TierResult | None:
+def _no_data_firing(policy: str, ordered: list[BurnTier], previous_firing: str | None,
+                    events: str = "requests") -> TierResult | None:
     if policy == "ok":
         return None
     if policy == "keep":
@@ -262,7 +264,7 @@ def _no_data_firing(policy: str, ordered: list[BurnTier], previous_firing: str |
     fastest = ordered[0]
     tier = BurnTier("no_data", "ticket", fastest.long_window, fastest.short_window, 0.0)
     return TierResult(tier, None, None, True, False,
-                      f"no data: no requests in {window_label(fastest.long_window)} (no_data: alert)")
+                      f"no data: no {events} in {window_label(fastest.long_window)} (no_data: alert)")
 
 
 def _fmt(value: float | None) -> str:

@@ -16,9 +16,11 @@ FILTER_DIMENSIONS = ("service", "model", "prompt_bucket", "engine_config", "repl
 PROMPT_BUCKETS = ("<256", "<1k", "<4k", "<16k", ">=16k", "unknown")
 PERIODS_DAYS = (28, 30)
 FIELDS = (
-    "name", "description", "sli", "threshold_ms", "objective", "period", "filters", "include_cached", "tiers",
-    "min_requests", "min_bad", "no_data", "repeat_interval", "labels", "enabled",
+    "name", "description", "sli", "threshold_ms", "threshold", "objective", "period", "filters", "include_cached",
+    "tiers", "min_requests", "min_bad", "no_data", "repeat_interval", "labels", "enabled",
 )
+# engine_model_error counts live checks of a replica group's engine model: only the group selects them.
+MODEL_CHECK_FILTERS = ("replica_group",)
 _SLUG = re.compile(r"^[a-z0-9][a-z0-9_-]{0,99}$")
 _LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]{0,63}$")
 _RESERVED_LABELS = {"alertname", "slo", "project", "severity", "sli", "tier"}
@@ -131,6 +133,24 @@ def validate(data, *, where: str = "") -> dict:
         if threshold is not None:
             problems.append("threshold_ms: error_ratio counts failed requests and takes no threshold; remove it")
         out["threshold_ms"] = None
+    elif sli == Sli.ENGINE_MODEL_ERROR:
+        if threshold is not None:
+            problems.append("threshold_ms: engine_model_error's threshold is a ratio, not milliseconds: give "
+                            "`threshold` (e.g. 0.2 for 20%) and remove threshold_ms")
+        out["threshold_ms"] = None
+    ratio = data.get("threshold")
+    if sli == Sli.ENGINE_MODEL_ERROR:
+        if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not math.isfinite(ratio) \
+                or not 0 < ratio <= 1:
+            problems.append(f"threshold: engine_model_error needs the largest |relative error| of a good check, "
+                            f"a fraction above 0 and at most 1 (0.2 = 20%), not {ratio!r}")
+        else:
+            out["threshold"] = float(ratio)
+    elif sli in Sli.values:
+        if ratio is not None:
+            problems.append("threshold: only engine_model_error takes a ratio threshold"
+                            + ("; a latency SLI takes threshold_ms" if sli in LATENCY_SLIS else "; remove it"))
+        out["threshold"] = None
 
     objective = None
     try:
@@ -144,6 +164,12 @@ def validate(data, *, where: str = "") -> dict:
         problems.append(f"period: {exc}")
 
     filters = _filters(data.get("filters", {}) or {}, problems)
+    if filters is not None and sli == Sli.ENGINE_MODEL_ERROR:
+        others = [k for k in filters if k not in MODEL_CHECK_FILTERS]
+        if others:
+            problems.append(f"filters: engine_model_error counts live checks of a replica group's engine model, which "
+                            f"only replica_group selects; remove {', '.join(others)}")
+            filters = None
     if filters is not None:
         out["filters"] = filters
 
@@ -151,6 +177,9 @@ def validate(data, *, where: str = "") -> dict:
     if not isinstance(include_cached, bool):
         problems.append(f"include_cached: true (also count requests the gateway's response cache answered) or false "
                         f"(engine-served requests only), not {include_cached!r}")
+    elif include_cached and sli == Sli.ENGINE_MODEL_ERROR:
+        problems.append("include_cached: engine_model_error counts checks of the engine model, not requests; "
+                        "remove it (or false)")
     else:
         out["include_cached"] = include_cached
 
@@ -336,7 +365,8 @@ def render(slo: SLO) -> dict:
         "name": slo.name,
         "description": slo.description,
         "sli": slo.sli,
-        **({"threshold_ms": slo.threshold_ms} if slo.sli != Sli.ERROR_RATIO else {}),
+        **({"threshold_ms": slo.threshold_ms} if slo.sli in LATENCY_SLIS else {}),
+        **({"threshold": slo.threshold} if slo.sli == Sli.ENGINE_MODEL_ERROR else {}),
         "objective": format_objective(slo.objective),
         "period": f"{slo.period_days}d",
         "filters": dict(slo.filters or {}),

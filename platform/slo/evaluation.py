@@ -6,7 +6,8 @@ included, so a page tier trips on the first evaluation after enough bad requests
 their minute closed. The status series keeps one point per SLO and minute, the minute's latest evaluation.
 
 Per project: one query for the dirty hours, one INSERT … SELECT per batch of hours to build, one query over
-the buckets and one over the raw rows for every SLO and window at once, one insert of status points.
+the buckets and one over the raw rows for every SLO and window at once, one insert of status points; with
+engine_model_error SLOs, one more query over the engine model checks for all of them and every window.
 """
 from __future__ import annotations
 
@@ -66,15 +67,19 @@ def evaluate_project(store: ClickHouseStore, project_id: int, slos: list[SLO], n
     at = now.astimezone(dt.timezone.utc).replace(microsecond=0)
     minute = queries.floor_time(at, queries.MINUTE)
     definitions = list({d.key: d for d in (queries.SliDefinition.of(s) for s in slos)}.values())
+    # Request SLIs are counted from buckets and raw request rows; engine_model_error from the model checks' rows.
+    requests = [d for d in definitions if not d.counts_model_checks]
+    checks = [d for d in definitions if d.counts_model_checks]
     windows = sorted({w for s in slos for w in burn.windows_of(s.burn_tiers, s.period)})
     longest = max(windows)
     settled = now - dt.timedelta(seconds=config["SETTLE_SECONDS"])
     open_from = queries.floor_time(settled.astimezone(dt.timezone.utc), queries.HOUR)
     since = queries.floor_time(at - longest, queries.HOUR)
-    dirty = refresh_buckets(store, project_id, definitions, since=since, settled=settled,
+    dirty = refresh_buckets(store, project_id, requests, since=since, settled=settled,
                             budget_seconds=config["BUILD_BUDGET_SECONDS"])
-    counts = queries.window_counts(store, project_id, definitions, windows, at, open_from=open_from,
+    counts = queries.window_counts(store, project_id, requests, windows, at, open_from=open_from,
                                    dirty={(k, h) for k, h, _ in dirty})
+    counts.update(queries.model_check_counts(store, project_id, checks, windows, at))
     evaluations = []
     points = []
     for slo in slos:
@@ -84,6 +89,7 @@ def evaluate_project(store: ClickHouseStore, project_id: int, slos: list[SLO], n
             counts={burn.window_label(w): c for w, c in per_window.items()},
             min_requests=slo.min_requests, min_bad=slo.min_bad, no_data=slo.no_data,
             previous_firing=slo.last_firing_tier or None,
+            events="checks" if slo.sli == queries.MODEL_ERROR_SLI else "requests",
         )
         evaluations.append(evaluation)
         points.append({

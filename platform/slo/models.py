@@ -17,9 +17,11 @@ class Sli(models.TextChoices):
     E2E = "e2e_ms", "end-to-end latency ≤ threshold"
     QUEUE = "queue_ms", "queue time ≤ threshold"
     ERROR_RATIO = "error_ratio", "share of requests that did not fail"
+    ENGINE_MODEL_ERROR = "engine_model_error", "live checks of a group's engine model with |error| ≤ threshold"
 
 
 LATENCY_SLIS = (Sli.TTFT, Sli.TPOT, Sli.E2E, Sli.QUEUE)
+REQUEST_SLIS = (*LATENCY_SLIS, Sli.ERROR_RATIO)  # counted over request rows; engine_model_error counts model checks
 
 
 class NoDataPolicy(models.TextChoices):
@@ -32,8 +34,11 @@ class SLO(models.Model):
     project = models.ForeignKey("tenancy.Project", on_delete=models.CASCADE, related_name="slos")
     name = models.SlugField(max_length=100)
     description = models.TextField(blank=True, default="")
-    sli = models.CharField(max_length=16, choices=Sli.choices)
+    sli = models.CharField(max_length=32, choices=Sli.choices)
     threshold_ms = models.FloatField(null=True, blank=True, help_text="latency SLIs only")
+    threshold = models.FloatField(null=True, blank=True,
+                                  help_text="engine_model_error only: the largest |relative error| of a good check, "
+                                            "0 < threshold ≤ 1 (0.2 = 20%)")
     objective = models.FloatField(help_text="share of good requests, 0 < objective < 1 (0.99 = 99%)")
     period_days = models.PositiveSmallIntegerField(default=30, help_text="28 or 30")
     filters = models.JSONField(default=dict, blank=True,
@@ -91,16 +96,19 @@ class SLO(models.Model):
         """Identifies what is counted (SLI, threshold, filters, cached traffic or not), not the objective: SLOs
         with the same SLI share their counts, and a changed threshold, filter or include_cached starts a new
         series."""
-        return sli_key(self.sli, self.threshold_ms, self.filters, self.include_cached)
+        return sli_key(self.sli, self.threshold_ms, self.filters, self.include_cached, self.threshold)
 
 
-def sli_key(sli: str, threshold_ms: float | None, filters: dict, include_cached: bool = False) -> int:
-    # include_cached joins the canonical form only when set: an engine-only SLI keeps the key (and the buckets) it
-    # had before response-cache hits existed, whose rows were all engine-served (served_from 'engine').
+def sli_key(sli: str, threshold_ms: float | None, filters: dict, include_cached: bool = False,
+            threshold: float | None = None) -> int:
+    # include_cached and the ratio threshold join the canonical form only when set: an engine-only SLI keeps the key
+    # (and the buckets) it had before response-cache hits existed, whose rows were all engine-served (served_from
+    # 'engine'), and a request SLI the key it had before engine_model_error brought `threshold`.
     canonical = json.dumps(
-        {"sli": sli, "threshold_ms": threshold_ms if sli != Sli.ERROR_RATIO else None,
+        {"sli": sli, "threshold_ms": threshold_ms if sli in LATENCY_SLIS else None,
          "filters": {k: sorted(v) for k, v in sorted(filters.items()) if v},
-         **({"include_cached": True} if include_cached else {})},
+         **({"include_cached": True} if include_cached else {}),
+         **({"threshold": threshold} if sli == Sli.ENGINE_MODEL_ERROR else {})},
         sort_keys=True, separators=(",", ":"),
     )
     return int.from_bytes(hashlib.blake2b(canonical.encode(), digest_size=8).digest(), "big") >> 1  # fits Int64 too

@@ -36,6 +36,7 @@ ERROR_MATCHER = 'finished_reason="error"'
 # Filters with a vLLM metric label; the others (service, prompt_bucket, engine_config, replica_group) exist only
 # in traces.
 LABEL_FOR_FILTER = {"model": "model_name"}
+MODEL_ERROR_SLI = "engine_model_error"  # counts the platform's checks of an engine model: no vLLM series has them
 _MATCHER = re.compile(r'^\s*[a-zA-Z_][a-zA-Z0-9_]*\s*(=~|!~|!=|=)\s*"(?:[^"\\]|\\.)*"\s*$')
 
 
@@ -166,6 +167,8 @@ def _guard(slo, window: str, matchers: list[str], tpot_metric: str | None) -> st
 
 def rules_for(slo, *, extra_matchers: list[str], tpot_metric: str | None = None) -> tuple[list[dict], list[str]]:
     """The rule groups of one SLO and the warnings; ExportError when the SLO cannot be expressed."""
+    if slo.sli == MODEL_ERROR_SLI:
+        raise ExportError(_model_error_left_out(slo))
     matchers, warnings = _matchers(slo, extra_matchers)
     if slo.include_cached:
         # vLLM's histograms see only what reached it: like the platform's engine SLOs, never a response-cache hit.
@@ -245,6 +248,12 @@ def rules_for(slo, *, extra_matchers: list[str], tpot_metric: str | None = None)
     return groups, warnings
 
 
+def _model_error_left_out(slo) -> str:
+    return (f"{slo.project.name}/{slo.name}: engine_model_error counts the platform's live checks of the engine model, "
+            "which vLLM's metrics do not have: left out (the platform evaluates it; its state and burn rates are on "
+            "its /metrics as observatory_slo_*)")
+
+
 def _sli_text(slo) -> str:
     if slo.sli == "error_ratio":
         return "no error (vLLM finished_reason != error)"
@@ -319,6 +328,9 @@ def export(slos, *, selector: str | None = None, tpot_histogram: str = "request_
     for slo in slos:
         if not slo.enabled:
             warnings.append(f"{slo.project.name}/{slo.name}: disabled, not exported")
+            continue
+        if slo.sli == MODEL_ERROR_SLI:  # never expressible: not a failure of the export, as a disabled SLO
+            warnings.append(_model_error_left_out(slo))
             continue
         try:
             slo_groups, slo_warnings = rules_for(slo, extra_matchers=extra, tpot_metric=tpot_metric)

@@ -14,6 +14,10 @@ How a window is counted without scanning 30 days of raw rows:
   counted from that second on (12:00:17 to 12:01:17, …), and each window takes whole ones.
 An SLI counts engine-served rows only (`served_from = 'engine'`: the gateway's response-cache hits never reached
 the engine) unless its SLO sets `include_cached`, which is part of its sli_key.
+
+The SLI `engine_model_error` counts live checks of a group's engine model, not requests: one row per check in
+`engine_model_checks` (written through `insert_model_check` by tuning/checks.py). A check is one row per group and
+check interval, so its windows are counted from the rows directly (`model_check_counts`), without buckets.
 Every statement filters on the project and binds values as parameters; column names come from
 allow-lists.
 """
@@ -42,6 +46,9 @@ METRIC_SQL = {
     "queue_ms": "queue_ms",
 }
 FILTER_COLUMNS = FILTER_DIMENSIONS  # columns of llm_requests
+MODEL_ERROR_SLI = "engine_model_error"
+MODEL_CHECK_COLUMNS = ("project_id", "ts", "replica_group", "model_id", "config_version", "worst_error",
+                       "ttft_p50_error", "tpot_p50_error", "requests", "moved")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,11 +61,16 @@ class SliDefinition:
     filters: tuple[tuple[str, tuple[str, ...]], ...]
     # False: engine-served requests only (served_from = 'engine'); True: the gateway's response-cache hits too.
     include_cached: bool = False
+    threshold: float | None = None  # engine_model_error: the largest |relative error| of a good check
 
     @classmethod
     def of(cls, slo) -> SliDefinition:
         filters = tuple(sorted((k, tuple(sorted(v))) for k, v in (slo.filters or {}).items() if v))
-        return cls(slo.sli_key, slo.sli, slo.threshold_ms, filters, bool(slo.include_cached))
+        return cls(slo.sli_key, slo.sli, slo.threshold_ms, filters, bool(slo.include_cached), slo.threshold)
+
+    @property
+    def counts_model_checks(self) -> bool:
+        return self.sli == MODEL_ERROR_SLI
 
 
 def _utc_naive(t: dt.datetime) -> dt.datetime:
@@ -75,6 +87,8 @@ def sli_conditions(definitions: list[SliDefinition], params: dict[str, Any]) -> 
     are added to `params`."""
     out = []
     for i, d in enumerate(definitions):
+        if d.counts_model_checks:
+            raise ValueError("engine_model_error counts model checks (model_check_counts), not request rows")
         # A request the gateway answered from its response cache never reached the engine: an engine SLO does not
         # count it (its fast answer would pass for a fast engine) unless the SLO opts in.
         clauses = [] if d.include_cached else [ENGINE_SERVED]
@@ -307,6 +321,107 @@ def _raw_ranges(windows: list[dt.timedelta], at: dt.datetime, open_from: dt.date
         else:
             merged.append([start, end])
     return [(s, e) for s, e in merged if s < e]
+
+
+# -- engine model checks (the SLI engine_model_error) ------------------------------------------------------
+def _ms_time(t: dt.datetime) -> str:
+    return _utc_naive(t).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+
+
+def insert_model_check(store: ClickHouseStore, project_id: int, check: dict) -> None:
+    """One live check of a group's engine model: {at, group, model_id, config_version, worst_error, ttft_p50_error,
+    tpot_p50_error, requests, moved}."""
+    insert_model_checks(store, project_id, [check])
+
+
+def insert_model_checks(store: ClickHouseStore, project_id: int, checks: list[dict]) -> None:
+    """Checks (as insert_model_check takes them) in one insert."""
+    if not checks:
+        return
+    lines = [orjson.dumps([
+        project_id, _ms_time(check["at"]), check["group"], int(check["model_id"]), check["config_version"],
+        float(check["worst_error"]), check.get("ttft_p50_error"), check.get("tpot_p50_error"),
+        int(check.get("requests") or 0), {k: float(v) for k, v in (check.get("moved") or {}).items()},
+    ]) for check in checks]
+    store.insert_encoded("engine_model_checks", MODEL_CHECK_COLUMNS, b"\n".join(lines), "JSONCompactEachRow")
+
+
+def model_check_counts(store: ClickHouseStore, project_id: int, definitions: list[SliDefinition],
+                       windows: list[dt.timedelta], at: dt.datetime) -> dict[int, dict[dt.timedelta, WindowCounts]]:
+    """(checks, bad checks) of every engine_model_error definition over every window [at − window, at): a check is
+    bad when its worst |error| is above the definition's threshold.
+
+    One query over the project's checks in the longest window, grouped by replica group and by how many of the
+    windows (all ending at `at`, so nested) start after the check, with a bad count per distinct threshold; each
+    definition then sums the groups it selects into the windows that hold them. Its cost follows the thresholds, not
+    definitions × windows."""
+    definitions = [d for d in definitions if d.counts_model_checks]
+    if not definitions or not windows:
+        return {}
+    at = _utc_naive(at)
+    windows = sorted(windows)
+    thresholds = sorted({float(d.threshold) for d in definitions})
+    params: dict[str, Any] = {"lo": at - windows[-1], "at": at, "starts": [at - w for w in windows]}
+    bads = []
+    for i, threshold in enumerate(thresholds):
+        params[f"t{i}"] = threshold
+        bads.append(f"countIf(worst_error > {{t{i}:Float64}})")
+    rows = store.query(
+        "SELECT replica_group, arrayCount(s -> ts < s, {starts:Array(DateTime64(3))}) AS outside, count(), "
+        f"{', '.join(bads)} FROM {store.table('engine_model_checks')} FINAL "
+        "WHERE project_id = {project_id:UInt32} AND ts >= {lo:DateTime64(3)} AND ts < {at:DateTime64(3)} "
+        "GROUP BY replica_group, outside",
+        project_id=project_id, parameters=params,
+    )
+    out: dict[int, dict[dt.timedelta, WindowCounts]] = {}
+    for d in definitions:
+        groups = dict(d.filters).get("replica_group")
+        bad_column = 3 + thresholds.index(float(d.threshold))
+        cells = [[0, 0] for _ in windows]
+        for row in rows:
+            if groups and row[0] not in groups:
+                continue
+            for j in range(int(row[1]), len(windows)):  # the windows that start at or before the check
+                cells[j][0] += int(row[2])
+                cells[j][1] += int(row[bad_column])
+        out[d.key] = {w: WindowCounts(*cell) for w, cell in zip(windows, cells)}
+    return out
+
+
+def model_check_summary(store: ClickHouseStore, project_id: int, *, groups: list[str] | None, since: dt.datetime,
+                        until: dt.datetime, threshold: float) -> list[dict]:
+    """Per group, the live checks in [since, until): how many, how many above `threshold`, the latest one and the
+    latest bad one (time, model, config version, worst, p50 TTFT and TPOT errors, requests, what moved); the groups
+    with most bad checks first."""
+    params: dict[str, Any] = {"since": _utc_naive(since), "until": _utc_naive(until), "t": float(threshold)}
+    where = ""
+    if groups:
+        params["groups"] = list(groups)
+        where = " AND replica_group IN {groups:Array(String)}"
+    figures = ("model_id", "config_version", "worst_error", "ttft_p50_error", "tpot_p50_error", "requests", "moved")
+    bad = "worst_error > {t:Float64}"
+    rows = store.query(
+        "SELECT replica_group, count(), countIf(" + bad + "), toUnixTimestamp64Milli(max(ts)), "
+        + ", ".join(f"argMax({f}, ts)" for f in figures) + ", "
+        + f"toUnixTimestamp64Milli(maxIf(ts, {bad})), "
+        + ", ".join(f"argMaxIf({f}, ts, {bad})" for f in figures) + " "
+        f"FROM {store.table('engine_model_checks')} FINAL "
+        "WHERE project_id = {project_id:UInt32} AND ts >= {since:DateTime64(3)} AND ts < {until:DateTime64(3)}"
+        + where + " GROUP BY replica_group ORDER BY countIf(" + bad + ") DESC, replica_group",
+        project_id=project_id, parameters=params,
+    )
+    out = []
+    n = len(figures)
+    for row in rows:
+        group, checks, bad_checks = row[0], int(row[1]), int(row[2])
+
+        def check(at_ms, values) -> dict:
+            return {"at": dt.datetime.fromtimestamp(at_ms / 1000, dt.timezone.utc).isoformat().replace("+00:00", "Z"),
+                    **{f: (dict(v) if f == "moved" else v) for f, v in zip(figures, values)}}
+
+        out.append({"group": group, "checks": checks, "bad": bad_checks, "latest": check(row[3], row[4:4 + n]),
+                    "latest_bad": check(row[4 + n], row[5 + n:5 + 2 * n]) if bad_checks else None})
+    return out
 
 
 # -- status series ------------------------------------------------------------------------------------

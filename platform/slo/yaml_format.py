@@ -163,7 +163,11 @@ def describe_plan(plans: list[ProjectPlan]) -> list[str]:
 
 
 def _summary(fields: dict) -> str:
-    sli = fields["sli"] if fields.get("threshold_ms") is None else f"{fields['sli']} ≤ {fields['threshold_ms']:g} ms"
+    sli = fields["sli"]
+    if fields.get("threshold_ms") is not None:
+        sli = f"{sli} ≤ {fields['threshold_ms']:g} ms"
+    elif fields.get("threshold") is not None:
+        sli = f"{sli} ≤ {fields['threshold']:.4g} (|error| of each check)"
     return f"{sli}, objective {definitions.format_objective(fields['objective'])}, {fields['period_days']}d"
 
 

@@ -20,9 +20,9 @@ def problems_of(data) -> list[str]:
 def test_a_minimal_definition_gets_documented_defaults():
     fields = validate(BASE)
     assert fields == {
-        "name": "chat-ttft", "description": "", "sli": "ttft_ms", "threshold_ms": 500.0, "objective": 0.99,
-        "period_days": 30, "filters": {}, "include_cached": False, "tiers": [], "min_requests": 20, "min_bad": 3, "no_data": "ok",
-        "repeat_interval_seconds": 4 * 3600, "labels": {}, "enabled": True,
+        "name": "chat-ttft", "description": "", "sli": "ttft_ms", "threshold_ms": 500.0, "threshold": None,
+        "objective": 0.99, "period_days": 30, "filters": {}, "include_cached": False, "tiers": [], "min_requests": 20,
+        "min_bad": 3, "no_data": "ok", "repeat_interval_seconds": 4 * 3600, "labels": {}, "enabled": True,
     }
 
 

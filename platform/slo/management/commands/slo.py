@@ -56,6 +56,8 @@ class Command(BaseCommand):
             slos = slos.filter(project__name=project)
         for slo in slos:
             sli = slo.sli if slo.threshold_ms is None else f"{slo.sli}<={slo.threshold_ms:g}ms"
+            if slo.threshold is not None:
+                sli = f"{slo.sli}<={slo.threshold:.4g}"
             status = slo.last_status or {}
             budget = status.get("budget_remaining")
             self.stdout.write(
