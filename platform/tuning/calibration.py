@@ -35,7 +35,7 @@ from engine.config import ConfigError, EngineConfig
 from engine.sim import traffic_fit as F
 from engine.sim.profiles import HardwareProfile, UnknownProfileError, hardware_profile
 
-from . import drift, queries
+from . import checks, drift, queries
 from .models import MODEL_ACTIVE_STATES, EngineModel, ModelState
 
 
@@ -344,6 +344,7 @@ def refresh_live_error(model: EngineModel, now: dt.datetime | None = None) -> bo
                      queue_floor_ms=model.queue_floor_ms)
     EngineModel.objects.filter(id=model.id).update(live_error=seen.error, live_curves=seen.curves,
                                                    live_moved=seen.moved, live_requests=len(rows), live_at=now)
+    checks.record(model, seen.error, seen.moved, len(rows), now)  # an event of the SLI engine_model_error
     worst = worst_of(seen.error)
     drifting = worst is not None and worst > cfg("MODEL_ERROR_BOUND")
     if drifting:
