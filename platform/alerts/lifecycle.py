@@ -36,9 +36,11 @@ from django.db.models import F, Q
 from django.utils import timezone
 from notify.services import enqueue
 from slo.burn import window_label
+from slo.queries import MODEL_ERROR_SLI
 
 from . import metrics
 from .diagnosis import diagnose
+from .model_check_diagnosis import diagnose_model_checks
 from .models import Alert, AlertKind, AlertState, AlertTransition, Severity
 from .silences import silencing
 
@@ -301,6 +303,9 @@ def run_diagnosis(project_id: int, context: dict, started_at: dt.datetime, at: d
         return dict(context["diagnosis"])
     burning, baseline = diagnosis_windows(context, started_at, at)
     try:
+        if context.get("sli") == MODEL_ERROR_SLI:  # checks of an engine model, not requests: what the checks said
+            return diagnose_model_checks(project_id, context.get("filters") or {}, burning,
+                                         threshold=context["threshold"])
         return (diagnose_fn or diagnose)(project_id, context.get("filters") or {}, burning, baseline,
                                          sli=context.get("sli") or "e2e_ms", threshold_ms=context.get("threshold_ms"),
                                          include_cached=bool(context.get("include_cached")))
@@ -399,8 +404,12 @@ def slo_alert_spec(slo, evaluation, severity: str, tier) -> AlertSpec:
     for name, value in (slo.labels or {}).items():
         labels.setdefault(str(name), str(value))
     objective = f"{slo.objective * 100:g}%"
-    what = ("requests that do not fail" if slo.sli == "error_ratio"
-            else f"requests with {slo.sli} ≤ {slo.threshold_ms:g} ms")
+    if slo.sli == "error_ratio":
+        what = "requests that do not fail"
+    elif slo.sli == MODEL_ERROR_SLI:
+        what = f"live checks of the engine model within {slo.threshold:.0%} (p50 TTFT and TPOT)"
+    else:
+        what = f"requests with {slo.sli} ≤ {slo.threshold_ms:g} ms"
     budget = evaluation.budget_remaining
     budget_text = f"{budget:.0%} of the error budget left" if budget is not None else "error budget unknown"
     if tier is not None:
@@ -408,7 +417,7 @@ def slo_alert_spec(slo, evaluation, severity: str, tier) -> AlertSpec:
         burn = tier.long_burn
         if tier.tier.name == "no_data":
             title = f"SLO {slo.name}: no data ({severity})"
-            rate = "no requests"
+            rate = "no checks" if slo.sli == MODEL_ERROR_SLI else "no requests"
         else:
             title = f"SLO {slo.name}: error budget burning {burn:.1f}× ({severity})" if burn is not None else (
                 f"SLO {slo.name}: error budget burning ({severity})")
@@ -431,11 +440,13 @@ def slo_alert_spec(slo, evaluation, severity: str, tier) -> AlertSpec:
         annotations["slo_description"] = slo.description
     values = {"state": evaluation.state, "burn_rates": dict(evaluation.burn_rates),
               "budget_remaining": budget, "firing_tier": tier.tier.name if tier is not None else None}
-    slo_info = {"name": slo.name, "sli": slo.sli, "threshold_ms": slo.threshold_ms, "objective": slo.objective,
+    slo_info = {"name": slo.name, "sli": slo.sli, "threshold_ms": slo.threshold_ms,
+                **({"threshold": slo.threshold} if slo.sli == MODEL_ERROR_SLI else {}), "objective": slo.objective,
                 "period_days": slo.period_days, "filters": filters, "burn_rates": dict(evaluation.burn_rates),
                 "budget_remaining": budget, "tier": tier.tier.as_dict() if tier is not None else None,
                 "state": evaluation.state}
     context = {"kind": "slo", "filters": filters, "sli": slo.sli, "threshold_ms": slo.threshold_ms,
+               **({"threshold": slo.threshold} if slo.sli == MODEL_ERROR_SLI else {}),
                "include_cached": slo.include_cached, "slo_info": slo_info, **context_windows}
     return AlertSpec(
         project_id=slo.project_id, project_name=project_name, kind=AlertKind.SLO_BURN, key=str(slo.id),

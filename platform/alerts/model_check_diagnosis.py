@@ -1,0 +1,86 @@
+"""Why an SLO on `engine_model_error` burns: the live checks of the group's engine model in the burning window, and
+what the latest bad one measured (its p50 TTFT and TPOT errors, and which per-step cost moved at the same batch
+sizes). The request-component diagnosis (diagnosis.py) does not apply: the events are checks of a model, not
+requests, and the checks already say what moved."""
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping
+
+from slo import queries
+from traces.store import get_store
+
+from engine.sim import traffic_fit as F
+
+FIGURE_NAMES = {"ttft_p50_error": "p50 TTFT", "tpot_p50_error": "p50 TPOT"}
+
+
+def diagnose_model_checks(project_id: int, filters: Mapping, burning: tuple[dt.datetime, dt.datetime], *,
+                          threshold: float, store=None) -> dict:
+    """The diagnosis of the checks in the burning window of the groups `filters` selects (all when none)."""
+    groups = filters.get("replica_group") or None
+    if isinstance(groups, str):
+        groups = [groups]
+    found = queries.model_check_summary(store or get_store(), project_id, groups=groups, since=burning[0],
+                                        until=burning[1], threshold=threshold)
+    return build_model_check_diagnosis(found, threshold=threshold, filters=filters, burning=burning)
+
+
+def _iso(t: dt.datetime) -> str:
+    return t.astimezone(dt.timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+def _figures(check: Mapping) -> str:
+    """"p50 TPOT 38% under what was served, p50 TTFT 11% under" (the larger first)."""
+    named = sorted(((abs(check[k]), k) for k in FIGURE_NAMES if check.get(k) is not None), reverse=True)
+    parts = []
+    for i, (_, key) in enumerate(named):
+        value = check[key]
+        parts.append(f"{FIGURE_NAMES[key]} {abs(value):.0%} {'under' if value < 0 else 'over'}"
+                     + (" what was served" if i == 0 else ""))
+    return ", ".join(parts) or "no p50 figure"
+
+
+def moved_most(moved: Mapping[str, float]) -> str | None:
+    """The cost that moved most, if any moved by traffic_fit.MOVED_AT or more."""
+    named = sorted(((abs(v), cost) for cost, v in (moved or {}).items() if abs(v) >= F.MOVED_AT and cost in F.COSTS),
+                   reverse=True)
+    return named[0][1] if named else None
+
+
+def build_model_check_diagnosis(found: list[dict], *, threshold: float, filters: Mapping,
+                                burning: tuple[dt.datetime, dt.datetime]) -> dict:
+    """The diagnosis from the per-group summaries of slo.queries.model_check_summary (most bad checks first)."""
+    checks = sum(g["checks"] for g in found)
+    bad = sum(g["bad"] for g in found)
+    top = found[0] if found else None
+    latest_bad = top["latest_bad"] if top else None
+    moved = dict(latest_bad["moved"]) if latest_bad else {}
+    cost = moved_most(moved)
+    if not checks:
+        summary = "no live check of the engine model in the burning window (too little traffic to measure it)"
+    elif latest_bad is None:
+        summary = (f"{checks} live checks of the engine model in the burning window, none above {threshold:.0%}: the "
+                   "bad checks that burn the budget came before it")
+    else:
+        summary = (f"engine model {latest_bad['model_id']} of group {top['group']} (config "
+                   f"{latest_bad['config_version']}) missed its latest traffic by more than {threshold:.0%} in "
+                   f"{top['bad']} of {top['checks']} live checks; the latest bad one ({latest_bad['at']}, "
+                   f"{latest_bad['requests']} requests): {_figures(latest_bad)}; {F.diagnosis(moved)}")
+        others = [f"{g['group']} {g['bad']} of {g['checks']}" for g in found[1:] if g["bad"]]
+        if others:
+            summary += f". Other groups with bad checks: {', '.join(others)}"
+    return {
+        "sli": queries.MODEL_ERROR_SLI,
+        "threshold": threshold,
+        "filters": dict(filters),
+        "burning": {"since": _iso(burning[0]), "until": _iso(burning[1]), "checks": checks, "bad_checks": bad},
+        "groups": found,
+        "engine_model": latest_bad["model_id"] if latest_bad else None,
+        "live_error": ({"ttft_ms_p50": latest_bad["ttft_p50_error"], "tpot_ms_p50": latest_bad["tpot_p50_error"]}
+                       if latest_bad else None),
+        "moved": moved,
+        "dominant_component": cost,
+        "dominant_reason": f"{F.COSTS[cost]} {moved[cost] * 100:+.0f} % at the same batch sizes" if cost else None,
+        "summary": summary[:1].upper() + summary[1:],
+    }
