@@ -13,7 +13,7 @@ from django.urls import reverse
 from django.views.decorators.http import require_http_methods
 from slo import definitions, queries, services
 from slo.api import NewSlo, SloReplacement
-from slo.models import LATENCY_SLIS, SLO, NoDataPolicy
+from slo.models import LATENCY_SLIS, SLO, NoDataPolicy, Sli
 from traces.store import get_store
 
 from .access import Viewer, page
@@ -24,9 +24,9 @@ log = logging.getLogger(__name__)
 WINDOWS = {"6h": dt.timedelta(hours=6), "24h": dt.timedelta(hours=24), "7d": dt.timedelta(days=7),
            "30d": dt.timedelta(days=30)}
 FILTERS = ("service", "model", "prompt_bucket", "engine_config", "replica_group")
-FIELDS = {"name", "description", "sli", "threshold_ms", "objective", "period", "min_requests", "min_bad", "no_data",
-          "repeat_interval", "enabled", "include_cached", *FILTERS}
-SLIS = [str(s) for s in LATENCY_SLIS] + ["error_ratio"]
+FIELDS = {"name", "description", "sli", "threshold_ms", "threshold", "objective", "period", "min_requests", "min_bad",
+          "no_data", "repeat_interval", "enabled", "include_cached", *FILTERS}
+SLIS = [str(s) for s in LATENCY_SLIS] + [str(Sli.ERROR_RATIO), str(Sli.ENGINE_MODEL_ERROR)]
 
 
 def _window_order(window: str) -> dt.timedelta:
@@ -86,7 +86,7 @@ def _form_data(post) -> dict:
             data["objective"] = float(objective)
         except ValueError:
             data["objective"] = objective
-    for field, kind in (("threshold_ms", float), ("min_requests", int), ("min_bad", int)):
+    for field, kind in (("threshold_ms", float), ("threshold", float), ("min_requests", int), ("min_bad", int)):
         value = post.get(field, "").strip()
         if value:
             try:
@@ -102,7 +102,10 @@ def _form_data(post) -> dict:
         data["filters"] = filters
     data["enabled"] = post.get("enabled") == "on"
     data["include_cached"] = post.get("include_cached") == "on"
-    if data.get("sli") == "error_ratio":
+    # Each SLI reads its own threshold field (the form shows both): the other one is not sent.
+    if data.get("sli") != Sli.ENGINE_MODEL_ERROR:
+        data.pop("threshold", None)
+    if data.get("sli") not in LATENCY_SLIS:
         data.pop("threshold_ms", None)
     return data
 
@@ -111,7 +114,7 @@ def _initial(body: dict | None) -> dict:
     if body is None:
         return {"sli": "ttft_ms", "objective": "99%", "period": "30d", "no_data": "ok", "repeat_interval": "4h",
                 "min_requests": 20, "min_bad": 3, "enabled": True, "include_cached": False}
-    values = {k: body.get(k) for k in ("name", "description", "sli", "threshold_ms", "period", "no_data",
+    values = {k: body.get(k) for k in ("name", "description", "sli", "threshold_ms", "threshold", "period", "no_data",
                                        "repeat_interval", "min_requests", "min_bad", "enabled", "include_cached")}
     values["objective"] = body["objective_percent"]
     for field in FILTERS:

@@ -6,11 +6,12 @@ from __future__ import annotations
 import math
 
 import pytest
+from slo.api import NewSlo
 from tenancy.keys import ApiIdentity
 
 from dashboards.access import Refused, Viewer
-from dashboards.inputs import form_number, refusal_errors
-from dashboards.slo_views import _form_data, _initial
+from dashboards.inputs import form_number, refusal_errors, validate
+from dashboards.slo_views import FIELDS, _form_data, _initial
 
 pytestmark = pytest.mark.mode_independent  # no database, no broker
 
@@ -59,3 +60,20 @@ def test_the_slo_form_carries_include_cached_both_ways():
     body = {"name": "chat-ttft", "sli": "ttft_ms", "threshold_ms": 500.0, "objective_percent": "99%", "filters": {},
             "include_cached": True}
     assert _initial(body)["include_cached"] is True and _initial(None)["include_cached"] is False
+
+
+def test_the_slo_form_sends_each_sli_its_own_threshold_and_names_the_filters_it_refuses():
+    """engine_model_error reads the ratio field and a latency SLI the milliseconds one (the form shows both); a filter
+    other than the replica group is refused by the API's own type, with a message naming it."""
+    post = {"name": "chat-model", "sli": "engine_model_error", "threshold": "0.2", "threshold_ms": "500",
+            "objective": "99%", "replica_group": "chat", "service": "chat-app", "enabled": "on"}
+    data = _form_data(post)
+    assert data["threshold"] == 0.2 and "threshold_ms" not in data
+    parsed, errors = validate(NewSlo, data, FIELDS)
+    assert parsed is None and errors == {"": [
+        "engine_model_error counts live checks of a replica group's engine model, which only replica_group selects; "
+        "remove service"]}
+    parsed, errors = validate(NewSlo, _form_data({k: v for k, v in post.items() if k != "service"}), FIELDS)
+    assert errors == {} and parsed.definition()["threshold"] == 0.2
+    latency = _form_data({**post, "sli": "ttft_ms"})
+    assert latency["threshold_ms"] == 500.0 and "threshold" not in latency
