@@ -1,0 +1,79 @@
+"""The whole loop, unattended, on a simulated fleet (loops.bench's scenario, `run`): group `base` (Llama-3.1-8B on
+a simulated H100, max_num_seqs 2) serves a Poisson load through the gateway; its engine model is calibrated from
+that traffic; the project's policy is `auto`. Then its load doubles: requests queue, the TTFT SLO pages, the page's
+diagnosis names the queue of `base`, and the loop runs by itself: a tuning study on the group's traffic within the
+policy's knobs (max_num_seqs at most x2), its winner confirmed on replicas, a rollout with one canary step,
+promotion, and the SLO's burn rate back under 1 within the watch. Every step is in the loop's timeline with its
+figures, and each one reached the project's webhook.
+
+The simulated replicas stand in for GPUs (none here). Heavy (about seven minutes on two cores): it runs with
+OBSERVATORY_LOOP_LIVE=1; `python -m loops.bench` prints the same scenario's times."""
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+
+import pytest
+from alerts_support import Receiver
+from fleet_support import FleetPlatform, group, open_fleet_platform
+from loops import bench
+
+pytestmark = [pytest.mark.one_suite(suite="server"),
+              pytest.mark.skipif(os.environ.get("OBSERVATORY_LOOP_LIVE") != "1",
+                                 reason="about seven minutes on 2 cores: run with OBSERVATORY_LOOP_LIVE=1")]
+
+
+@dataclasses.dataclass(eq=False)
+class World(FleetPlatform):
+    loads: list = dataclasses.field(default_factory=list)
+
+    def load(self, seed: int) -> None:
+        self.loads.append(bench.start_load(self.process.env, self.gateway, seed, self.root / f"load-{seed}.log"))
+
+    def stop_loads(self) -> None:
+        for load in self.loads:
+            load.terminate()
+        for load in self.loads:
+            try:
+                load.wait(20)
+            except subprocess.TimeoutExpired:
+                load.kill()
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    with open_fleet_platform(
+            tmp_path_factory.mktemp("loops"), name="loop-test", cls=World, groups=[group("base", bench.BASE)],
+            tokens=(("root", "admin"),),
+            env={**bench.PLATFORM_ENV, "NOTIFY_ALLOW_PRIVATE_DESTINATIONS": "127.0.0.1:1024-65535"}) as platform:
+        try:
+            yield platform
+        finally:
+            platform.stop_loads()
+
+
+def test_a_doubled_load_is_paged_tuned_rolled_out_and_restored_unattended(world):
+    receiver = Receiver()
+    try:
+        result = bench.run(world.api, world.load, tail=lambda: world.process.log_tail(4000),
+                           channel_url=receiver.url)
+        final, steps = result["loop"], result["steps"]
+        assert final["group"] == "base" and final["trigger"]["component"] == "queue", final["trigger"]
+        assert final["state"] == "restored", [(s["step"], s["reason"]) for s in final["steps"]]
+        assert list(steps) == ["started", "study_started", "proposed", "rollout_started", "promoted",
+                               "burn_below_1", "restored"], list(steps)
+        proposal = steps["proposed"]["figures"]["proposal"]
+        assert proposal["diff"]["max_num_seqs"] == {"current": 2, "proposed": 4}, proposal  # at most x2
+        assert steps["proposed"]["figures"]["confirmed_goodput"], steps["proposed"]["figures"]
+        assert steps["study_started"]["figures"]["engine_model"] == result["model"]["id"]
+        status, rollout = world.api("GET", f"/api/v1/rollouts/{final['rollout']}")
+        assert rollout["state"] == "promoted" and rollout["config"]["max_num_seqs"] == 4, rollout
+        assert all(s["actor"] == "loop" for s in final["steps"])
+        # Every step reached the webhook, in order.
+        sent = bench.until("every step's notification", lambda: (lambda got: got if len(got) >= len(steps) else None)(
+            [b["labels"]["step"] for b in receiver.bodies() if b.get("kind") == "loop"]), 60)
+        assert sent == list(steps), sent
+        print(f"\nloop times (s): {result['times']}")
+    finally:
+        receiver.close()
