@@ -23,12 +23,14 @@ def test_one_beat_schedule_with_explicit_tasks_and_queues(settings):
         "tuning-sweep": ("tuning.sweep", 15.0, "acme.tuning"),
         "tuning-calibrate-groups": ("tuning.calibrate_groups", 300.0, "acme.tuning"),
         "rollouts-sweep": ("rollouts.sweep", 5.0, "acme.rollouts"),
+        "loops-sweep": ("loops.sweep", 10.0, "acme.loops"),
     }
     assert queue_name("slo") == "acme.slo"
     app.loader.import_default_modules()
     assert "slo.evaluate_all" in app.tasks and "regressions.execute" in app.tasks and "tuning.execute" in app.tasks
     assert "rollouts.advance" in app.tasks and "rollouts.sweep" in app.tasks
     assert "tuning.calibrate" in app.tasks and "tuning.calibrate_groups" in app.tasks
+    assert "loops.advance" in app.tasks and "loops.sweep" in app.tasks
 
 
 def test_queues_are_namespaced_by_database_on_a_shared_broker():
