@@ -156,6 +156,7 @@ bench: $(INSTALLED)
 	$(VENV_PYTHON) -m engine.bench.traffic_fit
 	$(VENV_PYTHON) -m slo.bench
 	$(VENV_PYTHON) -m alerts.bench
+	$(VENV_PYTHON) -m loops.bench
 
 bench-vllm: $(INSTALLED) $(VLLM_INSTALLED) tiny-models
 	$(VENV_PYTHON) -m observatory.bench.vllm

@@ -6,9 +6,9 @@ study done, the canary taking traffic, the promotion and the SLO's burn back und
 A platform in embedded mode (`runplatform --with-engine`, in a scratch data directory) runs a fleet of one group,
 `base`: Llama-3.1-8B on a simulated H100 with max_num_seqs 2, which serves RATE requests/s through the gateway but
 not twice that. Its engine model is calibrated from 90 s of that traffic; the project's policy is `auto` (at most
-x2 on max_num_seqs, the winner confirmed on replicas, one 30 s canary step at 50 %, a 60 s watch); the SLO is TTFT
-<= 1 s at 99 % over the group, paged by a tier of 10 minutes and 1 minute (the default 1 h and 5 m would keep its
-burn above 1 for five minutes after the fix). Then a second load of the same rate starts. The simulated replicas
+x2 on max_num_seqs, the winner confirmed on replicas, one 30 s canary step at 50 %, a 3-minute watch); the SLO is
+TTFT <= 1 s at 99 % over the group, paged by a tier of 10 minutes and 1 minute (the default 1 h and 5 m would keep
+its burn above 1 for five minutes after the fix). Then a second load of the same rate starts. The simulated replicas
 stand in for GPUs (none here), in real time on this host's cores.
 
 BENCH lines (seconds):
@@ -45,13 +45,16 @@ SLO = {"name": "base-ttft", "sli": "ttft_ms", "threshold_ms": 1000, "objective":
        "tiers": [{"name": "page-fast", "severity": "page", "long_window": "10m", "short_window": "1m",
                   "factor": 14.4}]}
 POLICY = {"mode": "auto", "cooldown": "6h", "knobs": {"max_num_seqs": {"max_factor": 2}},
-          "min_confidence": {"model_error": 0.25, "confirmation": True},
+          "min_confidence": {"model_error": 0.3, "confirmation": True},
           "plan": {"steps": [{"canary": 50, "interval": 30}], "compare_with": "group",
                    "analysis": {"settle_seconds": 3, "window_seconds": 12, "look_every_seconds": 3,
                                 "min_requests": 20, "max_extensions": 1}},
-          "study": {"trials": 6, "window_hours": 1}, "watch": "60s"}
-# Settings of the platform the scenario runs on: short sweeps, small studies and confirmations.
-PLATFORM_ENV = {"TUNING_CALIBRATION_MIN_REQUESTS": "100", "TUNING_MODEL_LIVE_MIN_REQUESTS": "40",
+          "study": {"trials": 6, "window_hours": 1}, "watch": "3m"}
+# Settings of the platform the scenario runs on: short sweeps, small studies and confirmations, and a model error
+# bound of 30 % (20 % by default): the simulated replica runs in real time on cores it shares with the platform, the
+# gateway and the load, and its lags read as model error (docs/tuning.md); a GPU's replicas keep their own time.
+PLATFORM_ENV = {"TUNING_MODEL_ERROR_BOUND": "0.3", "TUNING_CALIBRATION_MIN_REQUESTS": "100",
+                "TUNING_MODEL_LIVE_MIN_REQUESTS": "40",
                 "TUNING_SWEEP_INTERVAL_SECONDS": "2", "TUNING_QUEUED_GRACE_SECONDS": "3",
                 "TUNING_CONFIRM_ITEMS": "60", "TUNING_CONFIRM_MAX_RATE": "8", "TUNING_SIM_REQUESTS": "200",
                 "TUNING_RESCORE_CANDIDATES": "2", "TUNING_RESCORE_SEEDS": "2",
@@ -146,8 +149,9 @@ def main(argv: list[str] | None = None) -> int:
             sort_keys=False))
         process = PlatformProcess(data_dir=str(root / "data"), args=("--with-engine",),
                                   extra_env={**PLATFORM_ENV, "ENGINE_FLEET": str(fleet)})
-        _, token = process.manage_many(("migrate", "-v0"), ("create_api_token", "--user", "bench", "--role",
-                                                            "admin", "--project", "default"))
+        _, _, token = process.manage_many(("migrate", "-v0"), ("create_ingest_key", "--project", "default"),
+                                          ("create_api_token", "--user", "bench", "--role", "admin", "--project",
+                                           "default"))
 
         def api(method: str, path: str, body=None) -> tuple[int, dict]:
             request = urllib.request.Request(process.url + path, method=method,

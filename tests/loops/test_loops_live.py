@@ -77,3 +77,27 @@ def test_a_doubled_load_is_paged_tuned_rolled_out_and_restored_unattended(world)
         print(f"\nloop times (s): {result['times']}")
     finally:
         receiver.close()
+
+
+def test_the_loop_page_draws_its_timeline_in_the_browser(world, browser, shots):
+    """After the loop above: its page as an admin sees it, linked from the alert that started it."""
+    from browser_support import BrowserSession, dashboard_login
+
+    [loop] = world.api("GET", "/api/v1/loops")[1]["loops"]
+    session = BrowserSession(browser, world.process.url)
+    try:
+        session.login("root", dashboard_login(world.process, "root", "admin"))
+        session.goto(f"/loops/{loop['id']}/")
+        steps = session.page.locator("[data-testid=timeline] li").evaluate_all("els => els.map(e => e.dataset.step)")
+        assert steps == [s["step"] for s in world.api("GET", f"/api/v1/loops/{loop['id']}")[1]["steps"]], steps
+        assert session.page.locator("[data-testid=state]").inner_text() == "restored"
+        assert session.page.locator("[data-testid=proposal]").is_visible()
+        session.page.screenshot(path=str(shots / "loop.png"), full_page=True)
+        session.goto(f"/alerts/{loop['alert']}/")
+        link = session.page.locator("[data-testid=alert-loops] a")
+        assert link.inner_text() == f"loop #{loop['id']}"
+        session.goto("/loops/")
+        session.page.screenshot(path=str(shots / "loops.png"), full_page=True)
+        assert session.errors == []
+    finally:
+        session.close()
