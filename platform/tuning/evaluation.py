@@ -18,7 +18,7 @@ from traces.store import get_store
 
 from engine.config import EngineConfig
 from engine.sim import traffic_fit as F
-from engine.sim.profiles import hardware_profile
+from engine.sim.profiles import UnknownProfileError, hardware_profile
 
 from . import calibration, queries
 from .models import EngineModel, ModelState
@@ -110,8 +110,12 @@ def evaluate(model: EngineModel, *, since: dt.datetime, until: dt.datetime,
     started = time.monotonic()
     rows = [r for r in calibration.observed_rows(model.project_id, model.group, since, until)
             if r.ttft_ms is not None and r.tpot_ms is not None]
-    profile = calibration.profile_of(model) if constants == "model" else hardware_profile(model.base_profile)
-    seen = F.compare(EngineConfig.from_dict(model.config), profile, rows, queue_floor_ms=model.queue_floor_ms)
+    try:
+        profile = calibration.profile_of(model) if constants == "model" else hardware_profile(model.base_profile)
+        seen = F.compare(EngineConfig.from_dict(model.config), profile, rows, queue_floor_ms=model.queue_floor_ms)
+    except (ValueError, UnknownProfileError) as exc:  # a config or profile this simulator refuses (a newer version's)
+        raise EvaluationError(f"engine model {model.id} cannot be replayed here: {exc}", status=409,
+                              field="model_id") from None
     bound = settings.TUNING["MODEL_ERROR_BOUND"]
     within = sum(1 for value in seen.error.values() if abs(value) <= bound)
     return {

@@ -151,3 +151,10 @@ def test_a_model_that_is_not_fitted_is_409_and_another_projects_model_404(world)
     assert status == 404, answer
     status, answer = evaluate(world, {"since": _iso(SERVED[0])}, model_id=2**40)
     assert status == 404, answer
+
+
+def test_a_model_this_simulator_cannot_replay_is_409(world):
+    EngineModel.objects.filter(id=world["model"].id).update(base_profile="TPU-9")
+    window = {"since": _iso(SERVED[0]), "until": _iso(SERVED[1] + dt.timedelta(minutes=1)), "constants": "published"}
+    status, answer = evaluate(world, window)
+    assert status == 409 and "cannot be replayed here" in answer["error"] and "TPU-9" in answer["error"], answer
