@@ -35,7 +35,7 @@ help:
 	@echo "make stack         install LiteLLM, openai and its instrumentations into $(STACK_VENV) (for tests/stack)"
 	@echo "make test          install (with dev extras) and run every test; PYTEST_ARGS='...' passes through"
 	@echo "make bench         run the benchmarks (lines 'BENCH <name>=<value> <unit>')"
-	@echo "make bench-vllm    real vLLM on this machine: start time, request→row delay, the simulator against it"
+	@echo "make bench-vllm    real vLLM on this machine: start time, request→row delay, the simulator against it, calibrated from its traffic"
 	@echo "make lint          ruff check"
 	@echo "make docker-check  validate docker/Dockerfile and docker/compose.yaml (no Docker engine needed)"
 	@echo "make install       create $(VENV) and install the project editable with its dev extras"
@@ -161,6 +161,7 @@ bench: $(INSTALLED)
 bench-vllm: $(INSTALLED) $(VLLM_INSTALLED) tiny-models
 	$(VENV_PYTHON) -m observatory.bench.vllm
 	$(VENV_PYTHON) -m engine.bench.vllm_cpu --fit --repeat 3 --aggregate median --json .data/vllm-cpu-grid.json
+	$(VENV_PYTHON) -m tuning.bench_vllm --minutes 10 --json .data/vllm-traffic-calibration.json
 
 lint: $(INSTALLED)
 	$(VENV)/bin/ruff check .
