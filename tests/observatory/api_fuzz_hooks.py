@@ -193,12 +193,35 @@ class ControlRollout(Subject):
 
 
 control_rollout = ControlRollout()
+# Loops the test seeded awaiting approval ({"id", "token"}): no API call makes a loop (a page does).
+LOOPS: list[dict] = json.loads(open(NAMES["loops_file"]).read()) if NAMES.get("loops_file") else []
+
+
+class SeededLoop(Subject):
+    """A loop control or an approval link's decision: a seeded loop of its own, awaiting approval (resume: paused
+    first), a fresh one once a 2xx answer used it."""
+
+    def __init__(self, parameter: str, key: str) -> None:
+        super().__init__(parameter, None)
+        self.key = key
+
+    def ready(self, action: str):
+        if self.value is None and LOOPS:
+            loop = LOOPS.pop()
+            if action == "resume":
+                expect(*call("POST", f"/loops/{loop['id']}/pause"), 202, f"pausing loop {loop['id']}")
+            self.value = loop[self.key]
+        return self.value
+
+
 SUBJECTS = {
     "slo_api_delete_slo": Subject("name", _slo),
     "regressions_api_cancel_run": Subject("run_id", _run),
     "tuning_api_cancel_study": Subject("study_id", _study),
     "tuning_api_cancel_model": Subject("model_id", _model),
     **{f"rollouts_api_{control}": control_rollout for control in ("pause", "resume", "promote", "abort", "retry")},
+    **{f"loops_api_{control}": SeededLoop("loop_id", "id") for control in ("pause", "resume", "end", "approve", "deny")},
+    "loops_api_decide_approval": SeededLoop("token", "token"),
 }
 
 

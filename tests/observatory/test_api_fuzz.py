@@ -47,6 +47,8 @@ NAMES = {"dataset": "fuzz-replay", "study_group": "baseline", "rollout_group": "
 # start: at least MIN_STATEFUL_OPERATIONS. At least MIN_CASES cases per phase. Measured in both modes, the same
 # (seed 19): examples 48 operations and 154 cases, coverage 48 and 5,729, fuzzing 48 and 635, stateful 33 and 135.
 MIN_OPERATIONS = 48
+# Loops seeded awaiting approval for the controls and link decisions that use one up (about 130 cases each).
+SEEDED_LOOPS = 1500
 MIN_STATEFUL_OPERATIONS = 28
 MIN_CASES = {"examples": 140, "coverage": 5200, "fuzzing": 570, "stateful": 110}
 
@@ -144,12 +146,29 @@ def seeded(module_platform_factory, tmp_path_factory):
                              reason="seeded at its approval step", step_started_at=timezone.now())
         analysis = RolloutAnalysis.objects.create(rollout=rollout, step=0, since=timezone.now(), until=timezone.now(),
                                                   verdict="inconclusive", summary="seeded", figures={"metrics": []})
+        # Loops: a page starts them, no API call makes one. Each loop control and each approval link's decision uses
+        # up the loop it acts on: the hooks hand every such case a seeded loop of its own, awaiting approval (no
+        # worker ticks them); one more is only read.
+        from datetime import timedelta
+        from loops import service as loop_service
+        from loops.models import Loop
+        expires = timezone.now() + timedelta(days=1)
+        seeded_loops = Loop.objects.bulk_create([
+            Loop(project=alpha, group=f"fuzz-loop-{i}", mode="approve", state="awaiting_approval",
+                 policy={"approval_seconds": 86400}, approval_nonce=loop_service.new_nonce(),
+                 approval_expires_at=expires, trigger={"component": "queue"}) for i in range(LOOPS + 1)])
+        seeded_loops = list(Loop.objects.filter(project=alpha, group__startswith="fuzz-loop-").order_by("id"))
+        with open(LOOPS_FILE, "w") as out:
+            json.dump([{"id": x.id, "token": loop_service.approval_token(x)} for x in seeded_loops], out)
         print(json.dumps({"fingerprint": fingerprint, "run": run.id, "study": study.id, "rollout": rollout.id,
                           "analysis": analysis.id, "model": model.id}))
-    """)).splitlines()[-1]
+    """).replace("LOOPS_FILE", repr(str(directory / "loops.json"))).replace("LOOPS + 1", str(SEEDED_LOOPS + 1))
+    ).splitlines()[-1]
+    loops = json.loads((directory / "loops.json").read_text())
+    (directory / "loops-pool.json").write_text(json.dumps(loops[1:]))  # loops[0] is only read
     yield {"platform": platform, "token": token, "trace_id": trace_ids[0], "slo": slo["name"],
            "silence": silence["silence"]["id"], "channel": channel["channel"]["id"], "dataset": "fuzz-set",
-           **json.loads(ids)}
+           "loop": loops[0], "loops_file": str(directory / "loops-pool.json"), **json.loads(ids)}
 
 
 def config(seeded: dict, path: Path) -> Path:
@@ -185,6 +204,12 @@ def config(seeded: dict, path: Path) -> Path:
         "rollouts_api_read_analysis": {"path.rollout_id": seeded["rollout"], "path.analysis_id": seeded["analysis"]},
         **{f"rollouts_api_{control}": {"path.rollout_id": seeded["rollout"]}
            for control in ("pause", "resume", "approve", "promote", "abort", "retry")},
+        # The hooks give the loop controls and the link's decision a seeded loop of their own (outside the stateful
+        # phase); the reads take the one loop nothing decides.
+        **{f"loops_api_{operation}": {"path.loop_id": seeded["loop"]["id"]}
+           for operation in ("read_loop", "pause", "resume", "end", "approve", "deny")},
+        **{f"loops_api_{operation}": {"path.token": seeded["loop"]["token"]}
+           for operation in ("read_approval", "decide_approval")},
     }
     # The project is a tenant's id like the others: a generated one is another tenant's (404, tested elsewhere).
     lines = ['parameters = { "query.project" = "alpha" }', "phases.examples.fill-missing = true", "",
@@ -223,7 +248,7 @@ def test_schemathesis_finds_no_failure_and_no_warning_in_any_phase(seeded, tmp_p
         "--request-timeout", "30", "--generation-database", "none",
     ]
     env = {**os.environ, "SCHEMATHESIS_HOOKS": str(HOOKS), "FUZZ_API": platform.url, "FUZZ_TOKEN": seeded["token"],
-           "FUZZ_LEDGER": str(ledger), "FUZZ_NAMES": json.dumps(NAMES)}
+           "FUZZ_LEDGER": str(ledger), "FUZZ_NAMES": json.dumps({**NAMES, "loops_file": seeded["loops_file"]})}
     started = time.monotonic()
     out = subprocess.run(command, capture_output=True, text=True, timeout=1800, env=env)
     took = time.monotonic() - started
