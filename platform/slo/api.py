@@ -26,7 +26,7 @@ from apikit.inputs import Duration, DurationOrSeconds, Matching, ProjectName, Qu
 from django.http import HttpRequest
 from ninja import Path, Query, Schema
 from ninja.responses import Status
-from pydantic import ConfigDict, Field, StrictBool, StrictFloat, StrictInt, model_validator
+from pydantic import BeforeValidator, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, model_validator
 from traces.store import get_store
 
 from . import definitions, queries, services
@@ -54,6 +54,13 @@ RepeatInterval = DurationOrSeconds(dt.timedelta(minutes=1), dt.timedelta(days=7)
                                    "whole seconds", whole_seconds=True)
 SeriesWindow = Duration(dt.timedelta(minutes=1), MAX_SERIES_RANGE,
                         "the status series of this window up to now, e.g. 6h (at most 90d)")
+
+
+def _boolean(value):
+    # A Literal[False] alone takes 0 (and 0.0) for false: the document says a boolean, so only one is taken.
+    if not isinstance(value, bool):
+        raise ValueError("a boolean: false")
+    return value
 
 
 class Tier(Schema):
@@ -166,8 +173,12 @@ class _Definition(Schema):
         """The fields given, in the YAML form definitions.validate takes."""
         data = self.model_dump(mode="json", exclude_unset=True, exclude={*READ_ONLY})
         data["sli"] = self.sli  # the discriminator: given, even where pydantic counts it as unset
+        if data.get("name") is None:  # a replacement's null name (the document allows it): the path's
+            data.pop("name", None)
         if data.get("filters") is None:
             data.pop("filters", None)
+        else:  # a dimension given as null (the document allows it) does not filter, like one left out
+            data["filters"] = {key: value for key, value in data["filters"].items() if value is not None}
         if data.get("labels") is None:
             data.pop("labels", None)
         for key in ("threshold_ms", "threshold"):
@@ -204,7 +215,8 @@ class EngineModelErrorSlo(_Definition):
         description="the largest |relative error| of a good check, a fraction (0.2 = 20%)", examples=[0.2])
     threshold_ms: None = Field(None, description="none: the threshold is a ratio (threshold)")
     filters: Optional[ModelCheckFilters] = None
-    include_cached: Literal[False] = Field(False, description="false: checks are not requests")
+    include_cached: Annotated[Literal[False], BeforeValidator(_boolean)] = Field(
+        False, description="false: checks are not requests")
 
 
 class NewLatencySlo(LatencySlo):

@@ -242,3 +242,42 @@ def test_the_api_creates_reads_and_refuses_it(db):
     assert status == 400 and [p["field"] for p in refused["problems"]] == ["threshold"], refused
     status, document = call("get", "/api/v1/openapi.json")
     assert status == 200 and "EngineModelErrorSlo" in json.dumps(document["components"]["schemas"])
+
+
+def test_the_api_takes_what_the_document_allows_and_refuses_what_it_does_not(db):
+    """What the API fuzzer found: include_cached 0 (the document: the boolean false) was taken for false, so a PUT
+    the document refuses replaced the SLO (and renamed it); a null name or a null filter dimension, both allowed by
+    the document, were refused (400)."""
+    project = Project.objects.create(name="fuzzed")
+    user = get_user_model().objects.create(username="flo")
+    Membership.objects.create(user=user, project=project, role="operator")
+    headers = {"HTTP_AUTHORIZATION": f"Bearer {ApiToken.issue(user, role='operator')[1]}"}
+
+    def call(method, path, body):
+        response = getattr(Client(), method)(path, data=json.dumps(body), content_type="application/json", **headers)
+        return response.status_code, response.json()
+
+    status, _ = call("post", "/api/v1/slos", {"name": "seeded", "sli": "ttft_ms", "threshold_ms": 500,
+                                              "objective": "99%"})
+    assert status == 201
+    document = Client().get("/api/v1/openapi.json", **headers).json()
+    schema = document["components"]["schemas"]["EngineModelErrorSlo"]["properties"]
+    assert schema["include_cached"]["const"] is False and schema["include_cached"]["type"] == "boolean"
+    for cached in (0, 0.0, "false", None, True):
+        status, refused = call("put", "/api/v1/slos/seeded", {**DEFINITION, "name": "renamed", "include_cached": cached})
+        assert status == 400, (cached, refused)
+        assert [p["field"] for p in refused["problems"]] == ["include_cached"], refused
+        status, refused = call("post", "/api/v1/slos", {**DEFINITION, "include_cached": cached})
+        assert status == 400, (cached, refused)
+    assert list(SLO.objects.filter(project=project).values_list("name", "sli")) == [("seeded", "ttft_ms")]
+
+    status, replaced = call("put", "/api/v1/slos/seeded", {**DEFINITION, "name": None, "include_cached": False,
+                                                          "filters": {"replica_group": None}})
+    assert status == 200, replaced
+    assert replaced["name"] == "seeded" and replaced["sli"] == "engine_model_error" and replaced["filters"] == {}
+    status, replaced = call("put", "/api/v1/slos/seeded", {"name": None, "sli": "ttft_ms", "threshold_ms": 500,
+                                                          "objective": "99%",
+                                                          "filters": {"service": "chat", "model": None}})
+    assert status == 200 and replaced["name"] == "seeded" and replaced["filters"] == {"service": ["chat"]}, replaced
+    status, created = call("post", "/api/v1/slos", {**DEFINITION, "filters": {"replica_group": None}})
+    assert status == 201 and created["filters"] == {}, created
