@@ -87,6 +87,19 @@ def write_fleet(path: Path, *, name: str, run_dir: Path, ports: FleetPorts, grou
     return path
 
 
+def unreachable_fleet_file(directory: Path, groups: str) -> Path:
+    """A fleet file with ``groups`` (YAML flow lines) whose controller is not running (its control port refuses),
+    with a control token: what reads the fleet takes the groups from the file."""
+    port = free_port()
+    run_dir = directory / "engine"
+    run_dir.mkdir()
+    (run_dir / "control.token").write_text("t" * 43)
+    path = directory / "fleet.yaml"
+    path.write_text(f"name: away\nrun_dir: {run_dir}\ncontrol: {{bind: \"127.0.0.1:{port}\"}}\n"
+                    f"gateway: {{bind: \"127.0.0.1:{free_port()}\"}}\ngroups:\n{groups}")
+    return path
+
+
 def run_engine(fleet_file, *args: str, timeout: float = 180, env: dict | None = None) -> subprocess.CompletedProcess:
     """`python -m engine ARGS --fleet FILE` from the checkout, in ``env``; by default this process's environment less
     its ENGINE_* and OTEL_* settings, so that the fleet file alone says where the fleet listens and sends."""

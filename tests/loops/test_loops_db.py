@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import socket
 
 import pytest
 from alerts.models import Alert, AlertKind
 from django.contrib.auth import get_user_model
 from django.test import Client
 from django.utils import timezone
+from fleet_support import unreachable_fleet_file
 from loops import machine, service
 from loops.models import Loop, LoopPolicy
 from notify.models import Channel, Delivery
@@ -29,22 +29,9 @@ CONFIG = {"model": "meta-llama/Llama-3.1-8B-Instruct", "max_num_seqs": 32, "max_
 
 @pytest.fixture
 def fleet(tmp_path, monkeypatch):
-    """A fleet file with the managed group `base` whose controller is not running (its control port refuses)."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    run_dir = tmp_path / "engine"
-    run_dir.mkdir()
-    (run_dir / "control.token").write_text("t" * 43)
-    path = tmp_path / "fleet.yaml"
-    path.write_text(f"""
-name: away
-run_dir: {run_dir}
-control: {{bind: "127.0.0.1:{port}"}}
-gateway: {{bind: "127.0.0.1:{port + 1 if port < 65535 else port - 1}"}}
-groups:
-  - {{name: base, weight: 1, replicas: 1, backend: simulator, config: {json.dumps(CONFIG)}}}
-""")
+    """A fleet file with the managed group `base` whose controller is not running."""
+    path = unreachable_fleet_file(tmp_path, f"  - {{name: base, weight: 1, replicas: 1, backend: simulator, "
+                                            f"config: {json.dumps(CONFIG)}}}\n")
     monkeypatch.setenv("ENGINE_FLEET", str(path))
     return path
 

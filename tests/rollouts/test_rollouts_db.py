@@ -5,10 +5,10 @@ alert diagnosis names the rollout, the overview's annotations."""
 from __future__ import annotations
 
 import datetime as dt
-import socket
 
 import pytest
 from django.utils import timezone
+from fleet_support import unreachable_fleet_file
 
 pytestmark = pytest.mark.django_db
 
@@ -16,21 +16,8 @@ pytestmark = pytest.mark.django_db
 @pytest.fixture
 def unreachable_fleet(tmp_path, monkeypatch):
     """A fleet file whose controller is not running (its control port refuses), with a control token."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    run_dir = tmp_path / "engine"
-    run_dir.mkdir()
-    (run_dir / "control.token").write_text("t" * 43)
-    fleet = tmp_path / "fleet.yaml"
-    fleet.write_text(f"""
-name: away
-run_dir: {run_dir}
-control: {{bind: "127.0.0.1:{port}"}}
-gateway: {{bind: "127.0.0.1:{port + 1 if port < 65535 else port - 1}"}}
-groups:
-  - {{name: base, weight: 1, replicas: 1, backend: simulator, config: {{model: meta-llama/Llama-3.1-8B-Instruct}}}}
-""")
+    fleet = unreachable_fleet_file(tmp_path, "  - {name: base, weight: 1, replicas: 1, backend: simulator, "
+                                             "config: {model: meta-llama/Llama-3.1-8B-Instruct}}\n")
     monkeypatch.setenv("ENGINE_FLEET", str(fleet))
     return fleet
 
