@@ -25,7 +25,7 @@ pytestmark = [
 # real vLLM against itself. That count moved by up to 1 between the two workloads of a run where both were served
 # alike (7 and 6 of 12; 10 and 10; by 6 where one saturated the group: 2 and 8), so a model one figure short is within
 # the count's own noise, and two leaves a figure of margin. On this 2-core host shared with other work the model is
-# often further short (docs/tuning.md#real-vllm-calibrated-from-its-own-traffic): the comparison is expected to fail.
+# further short, on a quiet host too (docs/tuning.md#real-vllm-calibrated-from-its-own-traffic): this test fails today.
 SLACK = 2
 
 
