@@ -41,6 +41,8 @@ from pathlib import Path
 import yaml
 from benchkit.harness import ROOT, PlatformProcess, free_port, free_port_pair
 
+from engine.launcher.vllm_command import find_vllm_executable
+
 BASE = {"model": "meta-llama/Llama-3.1-8B-Instruct", "gpu_type": "H100", "tensor_parallel_size": 1,
         "max_num_seqs": 2, "max_num_batched_tokens": 2048}
 RATE = 3.5  # requests/s; doubled, more than max_num_seqs 2 serves (about 6/s)
@@ -213,8 +215,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     scenario, model, executable = SIMULATED, None, None
     if args.engine == "vllm":
-        from engine.launcher.vllm_command import find_vllm_executable
-
         scenario, executable, model = REAL_VLLM, find_vllm_executable(), str(Path(args.model).resolve())
         if args.rate:
             scenario = dataclasses.replace(scenario, rate=args.rate)
