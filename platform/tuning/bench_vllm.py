@@ -1,6 +1,6 @@
 """Real vLLM calibrated from the traffic it served, measured against its own noise.
 
-    python -m tuning.bench_vllm [--minutes 10] [--heldout-seconds 120] [--model DIR] [--json FILE]
+    python -m tuning.bench_vllm [--minutes 10] [--heldout-seconds 120] [--no-study] [--model DIR] [--json FILE]
 
 Needs vLLM's CPU build and the study-size tiny model (``make bench-vllm`` has both). It starts a platform in
 embedded mode whose fleet is one group of real ``vllm serve`` (gpu_type CPU, the study-size tiny Llama), sends
@@ -18,6 +18,11 @@ queue time, predicted against observed. Beside it, on the same windows and figur
 
 A figure is within 20 % when |error| ≤ 0.2. Prints BENCH lines: per workload and figure the model's error, how many
 figures each of the three gets within 20 % (per workload and in all), and the fit's time.
+
+Then (unless ``--no-study``) a tuning study of the group on all that traffic, with the calibrated model (``STUDY_*``;
+a model the study refuses, its error above the bound, is reported and the study runs marked unreliable), its winner
+replayed on real `vllm serve` processes at its predicted goodput and then at lower shares of it until it meets the
+SLOs: ``BENCH vllm_traffic_study_confirmed_share_pct``, the confirmed goodput as a share of the predicted one.
 """
 from __future__ import annotations
 
@@ -86,6 +91,17 @@ HELDOUT = (
 )
 
 
+# The study after the held-out runs: the group's knobs searched in the simulator with the traffic-calibrated model,
+# its winner replayed on real vLLM at its predicted goodput, then at lower shares of it (CONFIRM_STEPS) until it
+# meets the SLOs: the confirmed goodput as a share of the predicted one is the figure (today's target: >= 90 %).
+STUDY_SPACE = {"max_num_seqs": [2, 4, 8, 16, 32, 64], "max_num_batched_tokens": [512, 1024, 2048, 4096, 8192]}
+STUDY_SLO = {"ttft_ms": 1000, "tpot_ms": 100}
+STUDY_TARGET = 0.9
+STUDY_TRIALS = 16
+CONFIRM_STEPS = "1,0.95,0.9,0.85,0.8,0.7,0.6"
+CONFIRM_MAX_RATE = 16.0  # above what the tiny model serves on 2 cores within these SLOs: never the cap
+
+
 def fleet_yaml(root: Path, model: str, executable: str) -> Path:
     """One group of real vLLM (CPU build) serving ``model``: 16 sequences at once, a 128 MiB KV cache."""
     spec = {"name": "bench-calibration", "run_dir": str(root / "engine"),
@@ -110,7 +126,9 @@ class Platform:
         self.process = PlatformProcess(data_dir=str(root / "data"), args=("--with-engine",), grpc=True,
                                        extra_env={"ENGINE_FLEET": str(fleet),
                                                   "TUNING_CALIBRATION_INTERVAL_SECONDS": "0",
-                                                  "TUNING_CALIBRATION_CHECK_SECONDS": "86400"})
+                                                  "TUNING_CALIBRATION_CHECK_SECONDS": "86400",
+                                                  "TUNING_CONFIRM_RATE_STEPS": CONFIRM_STEPS,
+                                                  "TUNING_CONFIRM_MAX_RATE": str(CONFIRM_MAX_RATE)})
         self.token = ""
 
     def start(self) -> None:
@@ -168,6 +186,32 @@ class Platform:
             raise RuntimeError(f"the evaluation was refused ({status}): {seen}")
         return seen
 
+    def study(self, hours: float, log) -> dict:
+        """A study of the group on its traffic of the last ``hours``, confirmed on real vLLM; the study as the API
+        shows it (with its confirmation). A model the study refuses (its error above the bound) is reported, and the
+        study then runs marked unreliable: the figure is still measured, and says so."""
+        body = {"group": GROUP, "workload": "traffic", "window_hours": hours, "space": STUDY_SPACE,
+                "trials": STUDY_TRIALS, "slo": STUDY_SLO, "target": STUDY_TARGET, "confirm": True}
+        status, study = self.api("POST", "/api/v1/tuning-studies", body)
+        refused = None
+        if status == 409 and any(p.get("field") == "engine_model" for p in study.get("problems") or []):
+            refused = study
+            log(f"# the study refused the calibrated model: {study.get('error') or study}")
+            status, study = self.api("POST", "/api/v1/tuning-studies", {**body, "allow_unreliable": True})
+        if status != 201:
+            raise RuntimeError(f"the study was refused ({status}): {study}")
+        deadline = time.monotonic() + 3600
+        phase = None
+        while study["state"] not in ("done", "failed", "cancelled") and time.monotonic() < deadline:
+            time.sleep(5)
+            status, study = self.api("GET", f"/api/v1/tuning-studies/{study['id']}")
+            if study.get("phase") != phase:
+                phase = study.get("phase")
+                log(f"# study {study['id']}: {study['state']}, {phase}; load average {_load_average()}")
+        status, study = self.api("GET", f"/api/v1/tuning-studies/{study['id']}")  # with its confirmation
+        study["refused_model"] = refused
+        return study
+
     def stop(self) -> None:
         self.process.stop()
 
@@ -193,7 +237,7 @@ def _load_average() -> str:
 
 
 def run(*, minutes: float, heldout_seconds: float, model: str, executable: str, log=print,
-        keep: bool = False) -> dict[str, Any]:
+        keep: bool = False, study: bool = True) -> dict[str, Any]:
     """The whole bench; every figure in a dict (``report`` prints it). ``keep``: leave the platform's data directory
     (its trace store holds every request) and vLLM's log behind."""
     root = Path(tempfile.mkdtemp(prefix="bench-calibration-vllm-"))
@@ -240,12 +284,17 @@ def run(*, minutes: float, heldout_seconds: float, model: str, executable: str, 
             for this, other in ((runs[0], runs[1]), (runs[1], runs[0])):
                 this["itself"] = against_itself(this["model"]["observed"], other["model"]["observed"], floor)
             workloads[load.name] = {"what": load.what, "runs": runs}
+        studied = None
+        if study:
+            hours = (dt.datetime.now(dt.timezone.utc) - traffic_since).total_seconds() / 3600
+            studied = platform.study(hours, log)
     finally:
         platform.stop()
     if not keep:
         shutil.rmtree(root, ignore_errors=True)
     return {"minutes": minutes, "heldout_seconds": heldout_seconds, "traffic_requests": sent, "model": fitted,
-            "fit_wall_seconds": fit_wall, "workloads": workloads, "seconds": time.monotonic() - started,
+            "fit_wall_seconds": fit_wall, "workloads": workloads, "study": studied,
+            "seconds": time.monotonic() - started,
             "load_average": {"start": load_before, "end": _load_average()}}
 
 
@@ -307,8 +356,39 @@ def report(result: dict[str, Any], out=print) -> None:
             "figures (each run against the other, same figures)")
         out(f"BENCH vllm_traffic_published_{label}_within_20pct={sides['published'][0]}/{sides['published'][1]} "
             "figures (the benchmark-fitted CPU profile, engine/sim/profiles.py)")
+    study = result.get("study")
+    if study:
+        report_study(study, out)
     out(f"# the whole bench took {result['seconds'] / 60:.1f} min; load average {result['load_average']['start']} at "
         f"its start, {result['load_average']['end']} at its end (1/5/15 min, {os.cpu_count()} cores)")
+
+
+def report_study(study: dict, out=print) -> None:
+    model = study.get("engine_model") or {}
+    best, current = study.get("best") or {}, study.get("current") or {}
+    confirmation = study.get("confirmation") or {}
+    out(f"# study {study['id']}: {study['state']}{' (' + str(study.get('error')) + ')' if study.get('error') else ''};"
+        f" engine model {model.get('id')} ({model.get('source')}){', marked unreliable' if model.get('unreliable') else ''}"
+        f"; SLOs {STUDY_SLO} for {STUDY_TARGET:.0%} of requests")
+    if study.get("refused_model"):
+        out(f"# the study first refused the model: {study['refused_model'].get('error')}")
+    out(f"# current {_knobs(current.get('config'))}: predicted goodput {current.get('goodput') or 0:.2f} req/s; "
+        f"winner {_knobs(best.get('config'))}: {best.get('goodput') or 0:.2f} req/s (simulated)")
+    for step in confirmation.get("steps") or []:
+        attained = "-" if step.get("attainment") is None else f"{step['attainment']:.1%}"
+        out(f"#   replayed on real vLLM at {step['rate']:.2f} req/s: {attained} met the SLOs "
+            f"({'met' if step.get('met') else 'missed'})")
+    if confirmation.get("statement") or confirmation.get("skipped") or confirmation.get("error"):
+        out(f"# {confirmation.get('statement') or confirmation.get('skipped') or confirmation.get('error')}")
+    share = confirmation.get("confirmed_share")
+    out(f"BENCH vllm_traffic_study_confirmed_share_pct={'nan' if share is None else f'{100 * share:.0f}'} % "
+        f"(confirmed goodput {confirmation.get('confirmed_goodput') or 0:.2f} of the predicted "
+        f"{best.get('goodput') or 0:.2f} req/s on real vLLM; the study used the traffic-calibrated model)")
+
+
+def _knobs(config: dict | None) -> str:
+    config = config or {}
+    return ", ".join(f"{knob}={config.get(knob)}" for knob in STUDY_SPACE)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -319,6 +399,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default=str(ROOT / ".data" / "models" / "tiny-study"),
                         help="the model directory (python -m engine tiny-model DIR --size study)")
     parser.add_argument("--json", default=None, help="also write every figure to this file")
+    parser.add_argument("--no-study", action="store_true",
+                        help="skip the tuning study on the calibrated model and its confirmation on real vLLM")
     parser.add_argument("--keep", action="store_true",
                         help="keep the platform's data directory (every request in its trace store) and vLLM's log")
     args = parser.parse_args(argv)
@@ -331,7 +413,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: no model in {model}: run `make tiny-models`", file=sys.stderr)
         return 2
     result = run(minutes=args.minutes, heldout_seconds=args.heldout_seconds, model=model, executable=executable,
-                 log=lambda line: print(line, flush=True), keep=args.keep)
+                 log=lambda line: print(line, flush=True), keep=args.keep, study=not args.no_study)
     report(result)
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2, default=str) + "\n", encoding="utf-8")

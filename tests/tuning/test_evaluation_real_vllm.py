@@ -34,7 +34,7 @@ def measured(real_vllm_executable, tmp_path_factory):
     model = tiny_model.build(tmp_path_factory.mktemp("tiny-study"), "study")
     lines: list[str] = []
     result = bench_vllm.run(minutes=3, heldout_seconds=60, model=str(model), executable=real_vllm_executable,
-                            log=lines.append)
+                            log=lines.append, study=False)
     bench_vllm.report(result, out=lines.append)
     print("\n".join(lines))
     return result, lines
