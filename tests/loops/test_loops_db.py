@@ -143,7 +143,7 @@ def _done_study(loop: Loop, *, proposed: dict, confirmed: float | None = 12.0, m
     study = TuningStudy.objects.create(
         project=loop.project, group="base", current_config=current.to_dict(), workload={}, slo={}, space={},
         trials=5, state=StudyState.DONE, engine_model=model, confirm=True,
-        result={"best": {"config": best, "goodput": 14.0}, "current": {"goodput": 8.0}, "predicted_gain": 0.75,
+        result={"best": {"config": best, "goodput": 14.0}, "current": {"goodput": 8.0}, "predicted_gain": 1.75,
                 "confirmed_goodput": confirmed, "confirmation": {"confirmed_goodput": confirmed}})
     Loop.objects.filter(id=loop.id).update(study=study)
     return study
