@@ -5,8 +5,12 @@ group's requests (their arrival times, prompt, cached-prefix and output lengths)
 group's engine config predicts those figures for each request; the fit moves the hardware profile's constants until
 the prediction matches what was observed:
 
-- residuals: log(predicted / observed) of the engine core's TTFT (its queue plus prefill time) and of its TPOT, and the queue time's error relative to max(observed, a floor) at half weight (a queue of nearly
-  nothing would otherwise weigh most);
+- residuals: log(predicted / observed) of the engine core's prefill time (its TTFT less its queue) and of its TPOT,
+  and the queue time's error relative to max(observed, a floor) at half weight (a queue of nearly nothing would
+  otherwise weigh most). Prefill rather than TTFT: where requests queue, TTFT is mostly queue, which the decode
+  costs set (how long the requests ahead hold their sequences); matched as TTFT, a queue the replay under-predicts
+  was made up by a slower prefill, and the median TTFT came out high (real vLLM, two sequences at a time: +44 % on
+  the fitting slice itself);
 - residuals over bins of BIN consecutive requests (their mean figures), not each request: which of two requests the
   scheduler takes first flips on the smallest change of a constant, and per request that noise is as large as the
   signal; soft-L1 loss, so a few outliers do not steer the fit;
@@ -193,8 +197,8 @@ _MISS = 3.0  # the residual of a figure the replay did not produce (the request 
 
 
 def _bin_residuals(rows: Sequence[Observed], guesses: Sequence, floor: float) -> tuple[float, float, float]:
-    """One bin of consecutive requests: log(predicted / observed) of their mean TTFT and mean TPOT, and half their
-    mean queue's error relative to max(observed, floor). Means over a few neighbours, not each request: which of two
+    """One bin of consecutive requests: log(predicted / observed) of their mean prefill time (TTFT less queue) and
+    mean TPOT, and half their mean queue's error relative to max(observed, floor). Means over a few neighbours, not each request: which of two
     requests the scheduler takes first turns on the smallest change of a constant, and per request that reordering
     is noise as large as the signal (the fit then stops anywhere within it)."""
     sums = [0.0] * 6
@@ -204,8 +208,8 @@ def _bin_residuals(rows: Sequence[Observed], guesses: Sequence, floor: float) ->
         if guess is None:
             missed += 1
             continue
-        for i, (observed, predicted) in enumerate(((row.ttft_ms, guess[0]), (row.tpot_ms, guess[1]),
-                                                   (row.queue_ms, guess[2]))):
+        for i, (observed, predicted) in enumerate(((_prefill(row.ttft_ms, row.queue_ms), max(0.0, guess[0] - guess[2])),
+                                                   (row.tpot_ms, guess[1]), (row.queue_ms, guess[2]))):
             if observed is not None and predicted is not None:
                 sums[2 * i] += observed
                 sums[2 * i + 1] += predicted
@@ -224,6 +228,13 @@ def _bin_residuals(rows: Sequence[Observed], guesses: Sequence, floor: float) ->
     if missed:
         out = [r + _MISS * missed / len(rows) for r in out]
     return out[0], out[1], out[2]
+
+
+def _prefill(ttft_ms: float | None, queue_ms: float | None) -> float | None:
+    """The engine core's prefill time: its TTFT less its queue (the TTFT itself when the queue is not reported)."""
+    if ttft_ms is None:
+        return None
+    return ttft_ms if queue_ms is None else max(0.0, ttft_ms - queue_ms)
 
 
 def _sorted_figure(rows: Sequence[Observed], predicted: Sequence, index: int) -> tuple[list[float], list[float]]:
