@@ -87,16 +87,14 @@ class Scenario:
 
 
 SIMULATED = Scenario("base", RATE, LOAD, SLO, POLICY, PLATFORM_ENV, 90.0, "loop")
-# Real vLLM's CPU build: in this scenario (the platform's sweeps and evaluations sharing the 2 cores) the study-size
-# tiny Llama served two sequences at once at ~30-100 ms a token, so an answer of 32-96 tokens takes 2-6 s: at
-# 0.6 req/s a first minute had TTFT p50 1.2 s and 5 of 16 requests above 2 s, and the healthy start paged by itself
-# (twice, at 1 and 0.6 req/s). At 0.35 req/s, with the SLO at 4 s, the two sequences keep up; doubled to 0.7 req/s
-# they kept up on a quieter host too and nothing paged (docs/loops.md), so the load triples (1.05 req/s). Seven
-# minutes of the healthy start (about 150 requests) calibrate the model; its held-out p50 TTFT was still +95 % and
-# +156 % in two runs (+93 % and +300 % from 75 requests), outside the bound: the loop then ends at its study.
-# --rate sets another host's healthy rate.
+# Real vLLM's CPU build, its model on one thread (the launcher's default on 2 cores): the study-size tiny Llama
+# decodes at ~6-10 ms a token, so answers of 200-400 tokens hold each of the group's two sequences for 2-3 s. At
+# 0.35 req/s, with the SLO at 4 s, the two sequences keep up (queues of up to ~1 s); tripled (1.05 req/s) they do
+# not, and the queue grows until the page. With answers of 32-96 tokens (two threads, ~30-100 ms a token, before the
+# launcher left a core to the host) the tripled load paged; on one thread it no longer did. Seven minutes of the
+# healthy start (about 150 requests) calibrate the model. --rate sets another host's healthy rate.
 REAL_VLLM = Scenario(
-    "real", 0.35, ("--model", "tiny-study", "--input-len", "16:128", "--output-len", "32:96"),
+    "real", 0.35, ("--model", "tiny-study", "--input-len", "16:128", "--output-len", "200:400"),
     {**SLO, "name": "real-ttft", "threshold_ms": 4000, "filters": {"replica_group": ["real"]}},
     {**POLICY, "plan": {**POLICY["plan"], "steps": [{"canary": 50, "interval": 60}],
                         "analysis": {**POLICY["plan"]["analysis"], "window_seconds": 30, "min_requests": 10}},
