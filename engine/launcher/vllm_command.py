@@ -59,17 +59,6 @@ CPU_ENVIRONMENT = {
 # response. 200 ms keeps a request's row fresh without many more export calls.
 OTEL_BSP_SCHEDULE_DELAY_MS = "200"
 ENV_VLLM_EXECUTABLE = "ENGINE_VLLM_EXECUTABLE"
-
-
-def cpu_threads(cores: int | None = None) -> int:
-    """The CPU build's model threads (OMP_NUM_THREADS) unless the fleet sets ``vllm.cpu_threads``: every core the
-    process may use but one, which is left to vLLM's API server and the rest of the host (vLLM's CPU guide
-    reserves one for the serving framework). Unset, vLLM 0.32 with ``nobind`` runs one OpenMP thread per core, and
-    a step then waits for whichever of them the scheduler took off its core: on a 2-core host serving 4.5 req/s,
-    the engine's p99 TTFT was 283-650 ms with two threads and 153-175 ms with one, p50 the same (45-51 ms)."""
-    if cores is None:
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, cores - 1)
 # Where `make vllm` installs the CPU build (its own virtualenv beside the project's).
 VLLM_VENV = Path(__file__).resolve().parents[2] / ".venv-vllm"
 # vLLM's API-server flag (FrontendArgs.enable_prompt_tokens_details in vllm/entrypoints/launchers/cli_args.py,
@@ -128,6 +117,17 @@ class LaunchCommand:
 
     def to_dict(self) -> dict[str, object]:
         return {"argv": list(self.argv), "env": dict(self.env)}
+
+
+def cpu_threads(cores: int | None = None) -> int:
+    """The CPU build's model threads (OMP_NUM_THREADS) unless the fleet sets ``vllm.cpu_threads``: every core the
+    process may use but one, which is left to vLLM's API server and the rest of the host (vLLM's CPU guide
+    reserves one for the serving framework). Unset, vLLM 0.32 with ``nobind`` runs one OpenMP thread per core, and
+    a step then waits for whichever of them the scheduler took off its core: on a 2-core host serving 4.5 req/s,
+    the engine's p99 TTFT was 283-650 ms with two threads and 153-175 ms with one, p50 the same (45-51 ms)."""
+    if cores is None:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cores - 1)
 
 
 def _secret_variable(name: str) -> bool:

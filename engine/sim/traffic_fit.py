@@ -198,9 +198,9 @@ _MISS = 3.0  # the residual of a figure the replay did not produce (the request 
 
 def _bin_residuals(rows: Sequence[Observed], guesses: Sequence, floor: float) -> tuple[float, float, float]:
     """One bin of consecutive requests: log(predicted / observed) of their mean prefill time (TTFT less queue) and
-    mean TPOT, and half their mean queue's error relative to max(observed, floor). Means over a few neighbours, not each request: which of two
-    requests the scheduler takes first turns on the smallest change of a constant, and per request that reordering
-    is noise as large as the signal (the fit then stops anywhere within it)."""
+    mean TPOT, and half their mean queue's error relative to max(observed, floor). Means over a few neighbours, not
+    each request: which of two requests the scheduler takes first turns on the smallest change of a constant, and
+    per request that reordering is noise as large as the signal (the fit then stops anywhere within it)."""
     sums = [0.0] * 6
     counts = [0] * 3
     missed = 0
@@ -208,7 +208,7 @@ def _bin_residuals(rows: Sequence[Observed], guesses: Sequence, floor: float) ->
         if guess is None:
             missed += 1
             continue
-        for i, (observed, predicted) in enumerate(((_prefill(row.ttft_ms, row.queue_ms), max(0.0, guess[0] - guess[2])),
+        for i, (observed, predicted) in enumerate(((_prefill(row.ttft_ms, row.queue_ms), _prefill(guess[0], guess[2])),
                                                    (row.tpot_ms, guess[1]), (row.queue_ms, guess[2]))):
             if observed is not None and predicted is not None:
                 sums[2 * i] += observed
@@ -293,8 +293,8 @@ def moved_costs(rows: Sequence[Observed], predicted: Sequence) -> dict[str, floa
             sums["decode"][0] += row.tpot_ms
             sums["decode"][1] += guess[1]
         if row.ttft_ms is not None and row.queue_ms is not None:
-            sums["prefill"][0] += max(0.0, row.ttft_ms - row.queue_ms)
-            sums["prefill"][1] += max(0.0, guess[0] - guess[2])
+            sums["prefill"][0] += _prefill(row.ttft_ms, row.queue_ms)
+            sums["prefill"][1] += _prefill(guess[0], guess[2])
     return {cost: round(observed / predicted - 1.0, 4) for cost, (observed, predicted) in sums.items()
             if observed > 0 and predicted > 0}
 
