@@ -53,7 +53,7 @@ QUANTILES = (50, 95)
 CURVE_QUANTILES = (5, 10, 25, 50, 75, 90, 95, 99)  # the predicted-vs-observed curves the engine page draws
 MOVED_AT = 0.10  # a cost whose replay at the same batches is off by this much or more is named as moved
 HELD_OUT_SHARE = 0.2
-MIN_REQUESTS = 200  # requests with engine timings in the fitting slice (fewer: refused)
+MIN_REQUESTS = 200  # requests with engine timings in the window (fewer: refused), as the platform counts them
 SAMPLE_REQUESTS = 1600  # scored requests replayed per objective evaluation (a longer slice is sampled)
 LEAD_SECONDS = 20.0  # replayed before each sampled stretch, not scored: the queue it finds
 BIN = 16  # consecutive requests whose mean figures are one residual each
@@ -362,8 +362,8 @@ def fit(config: EngineConfig, rows: Sequence[Observed], *, base: HardwareProfile
 
     started = time.monotonic()
     base = base or hardware_profile(config.gpu_type)
+    check(rows, min_requests)  # the window's count, as calibration.check_traffic refuses a window before it is queued
     fitting, held_out = split(rows)
-    check(fitting, min_requests)
     if not held_out:
         raise FitError("the window has no held-out slice (its last fifth holds no request)")
     names = list(names or fitted_names(base))

@@ -505,7 +505,7 @@ def _calibrated(dash, group: str) -> dict:
     model = {}
     while time.monotonic() < deadline:
         model = _api(dash, f"/api/v1/engine-models/{model_id}")
-        assert model["state"] in ("queued", "fitting", "fitted"), model
+        assert model["state"] in ("queued", "fitting", "fitted"), (model["reason"], model)
         if model["state"] == "fitted" and model["live"]["at"]:
             return model
         time.sleep(1)

@@ -60,6 +60,16 @@ def test_too_little_traffic_is_refused_with_the_count_needed():
         F.fit(config, rows)
 
 
+def test_a_window_with_the_minimum_is_fitted_though_its_fitting_slice_holds_fewer():
+    """The platform queues a calibration for a window of at least the minimum (calibration.check_traffic): the fit
+    counts the same rows, not its first four fifths, so the accepted window is fitted, never failed for its count."""
+    config, truth = B.group_config(), B.secret_profile()
+    rows = B.observe(config, truth, B.mixed(seed=4, count=110))
+    assert 200 <= len(rows) < 250
+    fit = F.fit(config, rows, global_points=4, max_evaluations=8)
+    assert fit.fit_requests < 200 and fit.held_out_requests > 0
+
+
 def test_rows_without_the_engines_timings_are_refused():
     config = B.group_config()
     # Rows from client or gateway spans alone: lengths, no queue / engine TTFT / TPOT.
