@@ -262,6 +262,22 @@ def prediction_error(rows: Sequence[Observed], predicted: Sequence, queue_floor_
     return out
 
 
+def prefill_error(rows: Sequence[Observed], predicted: Sequence) -> dict[str, float]:
+    """{"prefill_ms_p50": (predicted - observed) / observed, "prefill_ms_p95": ...}: the quantiles of the engine's
+    prefill time (its TTFT less its queue), predicted against observed, over the rows that report a TTFT. Unlike
+    TTFT, it leaves out the queue: on traffic the group cannot keep up with, the queue grows by the minute, and a
+    few per cent of capacity either way moves it, and the TTFT with it, several-fold."""
+    pairs = [(_prefill(row.ttft_ms, row.queue_ms), _prefill(p[0], p[2])) for row, p in zip(rows, predicted)
+             if p is not None and row.ttft_ms is not None and p[0] is not None]
+    obs, pred = sorted(o for o, _ in pairs), sorted(p for _, p in pairs)
+    out: dict[str, float] = {}
+    for q in QUANTILES if obs else ():
+        o, p = percentile(obs, q), percentile(pred, q)
+        if o > 0:
+            out[f"prefill_ms_p{q}"] = (p - o) / o
+    return out
+
+
 def curves(rows: Sequence[Observed], predicted: Sequence) -> dict[str, dict[str, list[float]]]:
     """{"ttft_ms": {"q": [5, 10, ...], "observed": [ms, ...], "predicted": [ms, ...]}, ...}: each figure's quantiles
     at CURVE_QUANTILES, observed and predicted, over the rows that report it (the engine page's charts). A figure no
@@ -311,12 +327,14 @@ def diagnosis(moved: dict[str, float], *, at: float = MOVED_AT) -> str:
 
 @dataclasses.dataclass
 class Comparison:
-    """A model against traffic it did not fit: its relative errors, the quantile curves, the costs that moved."""
+    """A model against traffic it did not fit: its relative errors (prediction_error's; prefill_error's apart), the
+    quantile curves, the costs that moved."""
 
     error: dict[str, float]
     curves: dict[str, dict[str, list[float]]]
     moved: dict[str, float]
     requests: int
+    prefill: dict[str, float] = dataclasses.field(default_factory=dict)
 
     @property
     def diagnosis(self) -> str:
@@ -329,7 +347,8 @@ def compare(config: EngineConfig, profile: HardwareProfile, rows: Sequence[Obser
     ordered = sorted(rows, key=lambda r: r.arrival)
     predicted = replay(config, profile, ordered, seed=seed)
     return Comparison(error=prediction_error(ordered, predicted, queue_floor_ms), curves=curves(ordered, predicted),
-                      moved=moved_costs(ordered, predicted), requests=len(ordered))
+                      moved=moved_costs(ordered, predicted), requests=len(ordered),
+                      prefill=prefill_error(ordered, predicted))
 
 
 def split(rows: Sequence[Observed]) -> tuple[list[Observed], list[Observed]]:

@@ -117,10 +117,11 @@ def _confidence(loop: Loop, study: TuningStudy) -> str | None:
             return (f"the study simulated with the published constants: no calibrated engine model of group "
                     f"{loop.group} (the policy asks for a model error within {bound:.0%})")
         worst = calibration.worst_of(model.held_out_error)
-        live = calibration.worst_of(model.live_error)
+        live = calibration.live_worst(model.live_error)
         if worst is None or worst > bound or (live is not None and live > bound):
-            return (f"engine model {model.id}'s error is above the policy's {bound:.0%}: held-out "
-                    f"{worst if worst is None else f'{worst:.0%}'}, live {live if live is None else f'{live:.0%}'}")
+            return (f"engine model {model.id}'s error is above the policy's {bound:.0%}: held-out (p50 TTFT, TPOT) "
+                    f"{worst if worst is None else f'{worst:.0%}'}, latest traffic (p50 prefill time, TPOT) "
+                    f"{live if live is None else f'{live:.0%}'}")
     if wanted.get("confirmation"):
         confirmed = (study.result or {}).get("confirmed_goodput")
         if not confirmed:

@@ -50,6 +50,11 @@ MODELS = JobKind(model=EngineModel, what="engine model", task="tuning.calibrate"
                  active=MODEL_ACTIVE_STATES, stale_seconds=lambda: cfg("STALE_SECONDS"),
                  queued_grace_seconds=lambda: cfg("QUEUED_GRACE_SECONDS"))
 GATED = ("ttft_ms_p50", "tpot_ms_p50")  # the held-out figures a study's bound is on
+# The latest traffic's figures the same bound is on: the prefill time (the engine's TTFT less its queue) in TTFT's
+# place. A page comes with traffic the group cannot keep up with; there the queue grows by the minute, a few per
+# cent of capacity either way moves the median TTFT several-fold, and the TTFT would judge the queue's growth, not
+# the model's costs (traffic_fit.prefill_error).
+LIVE_GATED = ("prefill_ms_p50", "tpot_ms_p50")
 MAX_WINDOW = dt.timedelta(days=7)
 
 
@@ -196,10 +201,16 @@ def _execute(model: EngineModel) -> str:
 
 
 # ---------------------------------------------------------------------------------------------- use
-def worst_of(errors: dict[str, float] | None) -> float | None:
-    """The larger |error| of p50 TTFT and TPOT (the figures a study's bound is on); None when neither."""
-    values = [abs(errors[k]) for k in GATED if k in (errors or {})]
+def worst_of(errors: dict[str, float] | None, figures: tuple[str, ...] = GATED) -> float | None:
+    """The largest |error| of ``figures`` (p50 TTFT and TPOT: the held-out figures a study's bound is on); None
+    when none was measured."""
+    values = [abs(errors[k]) for k in figures if k in (errors or {})]
     return max(values) if values else None
+
+
+def live_worst(errors: dict[str, float] | None) -> float | None:
+    """The larger |error| of p50 prefill time and TPOT on the latest traffic (LIVE_GATED); None when neither."""
+    return worst_of(errors, LIVE_GATED)
 
 
 def held_out_worst(model: EngineModel) -> float | None:
@@ -207,15 +218,17 @@ def held_out_worst(model: EngineModel) -> float | None:
 
 
 def unfit_reason(model: EngineModel) -> str | None:
-    """Why a study must not trust the model, with the figures: its held-out error above the bound, or its error on
-    the group's latest traffic above it (it drifted since the fit: what moved is named); None when it fits."""
+    """Why a study must not trust the model, with the figures: its held-out error (p50 TTFT, TPOT) above the bound,
+    or its error on the group's latest traffic (p50 prefill time, TPOT) above it (it drifted since the fit: what
+    moved is named); None when it fits."""
     bound = cfg("MODEL_ERROR_BOUND")
-    for label, errors in (("held-out error", model.held_out_error), ("error on the latest traffic", model.live_error)):
-        worst = worst_of(errors)
+    for label, errors, gated in (("held-out error", model.held_out_error, GATED),
+                                 ("error on the latest traffic", model.live_error, LIVE_GATED)):
+        worst = worst_of(errors, gated)
         if worst is None and label == "held-out error":
             return "no held-out error was measured"
         if worst is not None and worst > bound:
-            figures = ", ".join(f"{name} {errors[name]:+.0%}" for name in GATED if name in errors)
+            figures = ", ".join(f"{name} {errors[name]:+.0%}" for name in gated if name in errors)
             why = f": {F.diagnosis(model.live_moved)}" if errors is model.live_error and model.live_moved else ""
             return f"{label} {figures} (worst {worst:.0%}, the bound is {bound:.0%}){why}"
     return None
@@ -318,7 +331,7 @@ def page_row(model: EngineModel, current_version: str | None) -> dict[str, Any]:
                        if (model.start_constants or {}).get(name) else None}
                       for name, value in sorted((model.constants or {}).items())],
         "held_out_worst": worst, "reliable": reliable(model), "bound": cfg("MODEL_ERROR_BOUND"),
-        "live_error": {k: model.live_error.get(k) for k in GATED} if model.live_error else None,
+        "live_error": {k: model.live_error.get(k) for k in LIVE_GATED} if model.live_error else None,
         "live_requests": model.live_requests, "live_at": model.live_at,
         "diagnosis": F.diagnosis(model.live_moved) if model.live_moved else None,
         "curves_from": "latest traffic" if live else "held-out slice",
@@ -342,15 +355,16 @@ def refresh_live_error(model: EngineModel, now: dt.datetime | None = None) -> bo
             if r.ttft_ms is not None and r.tpot_ms is not None]
     seen = F.compare(EngineConfig.from_dict(model.config), profile_of(model), rows,
                      queue_floor_ms=model.queue_floor_ms)
-    EngineModel.objects.filter(id=model.id).update(live_error=seen.error, live_curves=seen.curves,
+    errors = {**seen.error, **seen.prefill}
+    EngineModel.objects.filter(id=model.id).update(live_error=errors, live_curves=seen.curves,
                                                    live_moved=seen.moved, live_requests=len(rows), live_at=now)
     checks.record(model, seen.error, seen.moved, len(rows), now)  # an event of the SLI engine_model_error
-    worst = worst_of(seen.error)
+    worst = live_worst(errors)
     drifting = worst is not None and worst > cfg("MODEL_ERROR_BOUND")
     if drifting:
         log.warning("engine model %s of %s/%s drifts: live error %.0f %% (bound %.0f %%): %s", model.id,
                     model.project_id, model.group, worst * 100, cfg("MODEL_ERROR_BOUND") * 100, seen.diagnosis)
-    drift.apply(model, seen.error, seen.moved, now, drifting=drifting)
+    drift.apply(model, errors, seen.moved, now, drifting=drifting)
     return True
 
 

@@ -1,6 +1,7 @@
 """An engine model's drift as an alert: when the newest model of a group misses its latest traffic by more than the
-bound (TUNING_MODEL_ERROR_BOUND, on p50 TTFT or TPOT), the group's hardware or software no longer behaves as the
-model says (a driver update, a noisy neighbour, a degraded GPU). The alert goes through the alerts' lifecycle like
+bound (TUNING_MODEL_ERROR_BOUND, on p50 prefill time or TPOT: calibration.LIVE_GATED, the figures a study refuses
+the model on), the group's hardware or software no longer behaves as the model says (a driver update, a noisy
+neighbour, a degraded GPU). The alert goes through the alerts' lifecycle like
 any other (pending for its severity's period, then firing to the project's channels, silences and repeats
 included) and resolves when the error is back under the bound, or when a newer model fits the traffic again.
 
@@ -22,7 +23,7 @@ from engine.sim import traffic_fit as F
 
 from .models import EngineModel
 
-FIGURE_NAMES = {"ttft_ms_p50": "p50 TTFT", "tpot_ms_p50": "p50 TPOT"}
+FIGURE_NAMES = {"prefill_ms_p50": "p50 prefill time", "tpot_ms_p50": "p50 TPOT"}  # calibration.LIVE_GATED
 
 
 def _severity() -> str:

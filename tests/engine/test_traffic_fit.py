@@ -8,10 +8,12 @@ traffic_fit), which is what makes the truth known."""
 from __future__ import annotations
 
 import math
+import random
 
 import pytest
 
 from engine.bench import traffic_fit as B
+from engine.config import EngineConfig
 from engine.sim import traffic_fit as F
 from engine.sim.profiles import hardware_profile
 
@@ -129,6 +131,24 @@ def test_the_cost_that_moved_is_named(fitted):
     tpot = decode.curves["tpot_ms"]
     assert tpot["q"] == list(F.CURVE_QUANTILES) and len(tpot["observed"]) == len(tpot["predicted"]) == len(tpot["q"])
     assert tpot["observed"] == sorted(tpot["observed"]) and tpot["observed"][3] > tpot["predicted"][3]
+
+
+def test_on_a_saturated_group_the_queue_multiplies_a_small_error_and_the_prefill_time_does_not():
+    """Two sequences under about as many requests as they can serve: the queue holds most of the TTFT. A model whose
+    decode is 8 % off either way replays a capacity 8 % off, and the queue, and with it the median TTFT, by far
+    more; its prefill time (TTFT less queue) and TPOT stay near the 8 %. That is why the latest traffic, which a page
+    comes with, is judged on the prefill time (platform/tuning/calibration.LIVE_GATED)."""
+    config = EngineConfig(model=B.MODEL, gpu_type="H100", max_num_seqs=2)
+    truth = hardware_profile("H100")
+    rows = B.observe(config, truth, B.traffic(random.Random(3), 400, 2.0, bursty=False))
+    assert F.percentile(sorted(r.queue_ms for r in rows), 50) > F.percentile(sorted(r.ttft_ms for r in rows), 50) / 2
+    for factor in (1.08, 0.92):
+        seen = F.compare(config, truth.with_constants(bandwidth_efficiency=truth.bandwidth_efficiency * factor), rows,
+                         queue_floor_ms=5.0)
+        assert abs(seen.error["ttft_ms_p50"]) > 0.3, seen.error
+        assert abs(seen.prefill["prefill_ms_p50"]) < 0.05 and abs(seen.error["tpot_ms_p50"]) < 0.1, seen
+        assert set(seen.prefill) == {"prefill_ms_p50", "prefill_ms_p95"}
+        assert 0.05 < abs(seen.moved["decode"]) < 0.1, seen.moved  # the cost that is off, as it is off
 
 
 def test_the_diagnosis_names_each_moved_cost_largest_first():

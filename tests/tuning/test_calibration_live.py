@@ -210,6 +210,8 @@ def test_a_slower_decode_mid_run_raises_the_error_and_fires_a_drift_alert_naming
     assert ('observatory_engine_model_error_ratio{figure="tpot_ms",group="secret",project="default",quantile="p50",'
             'slice="live"}') in text
     assert 'observatory_engine_model_cost_change_ratio{cost="decode",group="secret",project="default"}' in text
+    assert ('observatory_engine_model_error_ratio{figure="prefill_ms",group="secret",project="default",quantile="p50",'
+            'slice="live"}') in text
     assert "observatory_engine_model_error_ratio{" not in _metrics(world, None)
     assert set(live["curves"]) == {"ttft_ms", "tpot_ms", "queue_ms"}
 
@@ -221,7 +223,7 @@ def test_a_study_refuses_a_model_that_does_not_fit_unless_asked(world):
                                                                 "trials": 2, "confirm": False})
     assert got == 409, answer
     # It fitted its window; it no longer fits the traffic since the decode slowed down (the test above).
-    assert "does not fit its traffic: error on the latest traffic ttft_ms_p50" in answer["error"], answer
+    assert "does not fit its traffic: error on the latest traffic prefill_ms_p50" in answer["error"], answer
     assert "decode step time +" in answer["error"] and "allow_unreliable" in answer["error"], answer
     got, study = world.api("POST", "/api/v1/tuning-studies", {"group": "secret", "workload": "synthetic:chat",
                                                                "trials": 2, "confirm": False,
