@@ -16,10 +16,12 @@ audit with its figures. A paused loop is not ticked.
 """
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import logging
 
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 from rollouts.models import RolloutState
 from rollouts.service import RolloutError, create_rollout
@@ -37,6 +39,7 @@ from .policy import space_for
 
 log = logging.getLogger(__name__)
 SLO_FIGURES = {"ttft_ms": "ttft_ms", "tpot_ms": "tpot_ms", "e2e_ms": "e2e_ms"}
+CLAIM = dt.timedelta(minutes=10)  # how long a tick's claim to create the study or the rollout holds
 
 
 def sweep() -> int:
@@ -61,7 +64,7 @@ def advance(loop_id: int, now: dt.datetime | None = None) -> str | None:
 
 def _tick(loop: Loop, now: dt.datetime) -> None:
     if loop.state == LoopState.STUDYING:
-        _studying(loop)
+        _studying(loop, now)
     elif loop.state == LoopState.AWAITING_APPROVAL:
         if loop.approval_expires_at and now >= loop.approval_expires_at:
             S.move(loop, LoopState.EXPIRED, reason=f"nobody approved the rollout within "
@@ -81,7 +84,27 @@ def _slo_override(loop: Loop) -> dict | None:
     return {SLO_FIGURES[slo.sli]: slo.threshold_ms}
 
 
-def _start_study(loop: Loop) -> None:
+@contextlib.contextmanager
+def _claimed(loop: Loop, now: dt.datetime, step: str):
+    """Yields whether this tick may create the loop's ``step`` ("study" or "rollout"). It claims it unless another
+    tick did within CLAIM (that tick is creating it; an older claim is taken to have died with its worker), and
+    releases its claim when it is done, whatever happened."""
+    won = Loop.objects.filter(id=loop.id, state=loop.state, **{f"{step}__isnull": True}) \
+        .filter(Q(claimed_at__isnull=True) | Q(claimed_at__lt=now - CLAIM)).update(claimed_at=now)
+    try:
+        yield bool(won)
+    finally:
+        if won:
+            Loop.objects.filter(id=loop.id, claimed_at=now).update(claimed_at=None)
+
+
+def _start_study(loop: Loop, now: dt.datetime) -> None:
+    with _claimed(loop, now, "study") as mine:
+        if mine:
+            _create_study(loop)
+
+
+def _create_study(loop: Loop) -> None:
     current, _ = group_config(loop.group)
     policy = loop.policy
     space = space_for(policy["knobs"], current.to_dict())
@@ -145,10 +168,10 @@ def _within_limits(loop: Loop, proposal: dict) -> str | None:
     return None
 
 
-def _studying(loop: Loop) -> None:
+def _studying(loop: Loop, now: dt.datetime) -> None:
     study = loop.study
     if study is None:
-        _start_study(loop)
+        _start_study(loop, now)
         return
     if study.state in STUDY_ACTIVE:
         return
@@ -195,20 +218,9 @@ def _studying(loop: Loop) -> None:
 def _rolling_out(loop: Loop, now: dt.datetime) -> None:
     rollout = loop.rollout
     if rollout is None:
-        try:
-            rollout = create_rollout(loop.project, group=loop.group, from_study=loop.study_id,
-                                     plan=loop.policy["plan"], created_by=f"loop {loop.id}")
-        except RolloutError as exc:
-            S.move(loop, LoopState.FAILED, reason=f"the rollout could not start: {exc}")
-            return
-        with transaction.atomic():
-            won = type(loop).objects.filter(id=loop.id, version=loop.version, rollout__isnull=True) \
-                .update(rollout=rollout)
-            if won:
-                loop.refresh_from_db()
-                S.record(loop, "rollout_started", S.LOOP, f"rollout {rollout.id} of config "
-                         f"{rollout.config_version} to {loop.group} ({len(rollout.plan['steps'])} steps)",
-                         {"rollout": rollout.id, "plan": rollout.plan})
+        with _claimed(loop, now, "rollout") as mine:
+            if mine:
+                _create_rollout(loop)
         return
     if rollout.state == RolloutState.PROMOTED:
         until = now + dt.timedelta(seconds=loop.policy["watch_seconds"])
@@ -218,6 +230,22 @@ def _rolling_out(loop: Loop, now: dt.datetime) -> None:
     elif rollout.state in (RolloutState.ROLLED_BACK, RolloutState.ABORTED, RolloutState.FAILED):
         S.move(loop, LoopState.ROLLED_BACK, reason=f"rollout {rollout.id} {rollout.state}: {rollout.reason}",
                figures={"rollout": rollout.id})
+
+
+def _create_rollout(loop: Loop) -> None:
+    try:
+        rollout = create_rollout(loop.project, group=loop.group, from_study=loop.study_id,
+                                 plan=loop.policy["plan"], created_by=f"loop {loop.id}")
+    except RolloutError as exc:
+        S.move(loop, LoopState.FAILED, reason=f"the rollout could not start: {exc}")
+        return
+    with transaction.atomic():
+        won = type(loop).objects.filter(id=loop.id, version=loop.version, rollout__isnull=True).update(rollout=rollout)
+        if won:
+            loop.refresh_from_db()
+            S.record(loop, "rollout_started", S.LOOP, f"rollout {rollout.id} of config "
+                     f"{rollout.config_version} to {loop.group} ({len(rollout.plan['steps'])} steps)",
+                     {"rollout": rollout.id, "plan": rollout.plan})
 
 
 def burn_now(loop: Loop) -> tuple[str, float | None]:

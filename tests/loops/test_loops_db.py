@@ -171,6 +171,46 @@ def test_propose_stops_at_the_proposal_and_auto_goes_on_to_the_rollout(world):
     assert steps == ["started", "proposed", "rollout_started"], steps
 
 
+def test_a_tick_while_another_creates_the_study_or_the_rollout_leaves_it_to_that_tick(world, monkeypatch):
+    """Ticks overlap (the beat's sweep every 2 s, a step's advance_soon): only the tick that claimed the step creates
+    its study or rollout. Before the claim, a loop's start created up to four studies, three then cancelled."""
+    from tuning.service import StudyError
+
+    assert policy(world, mode="auto", cooldown="1h")[0] == 200
+    loop = service.start_from_alert(page(world["alpha"]))
+    now = timezone.now()
+    Loop.objects.filter(id=loop.id).update(claimed_at=now - dt.timedelta(minutes=9))  # another tick is on it
+    studies = []
+
+    def no_traffic(*args, **kwargs):  # this database-only world has no traffic store: the study cannot start
+        studies.append(kwargs["group"])
+        assert machine.advance(loop.id) == "studying"  # a second tick meanwhile leaves it to this one
+        raise StudyError("no traffic in the window")
+
+    monkeypatch.setattr(machine, "create_study", no_traffic)
+    assert machine.advance(loop.id, now) == "studying" and studies == []
+    Loop.objects.filter(id=loop.id).update(claimed_at=now - dt.timedelta(minutes=11))  # that tick died with its worker
+    assert machine.advance(loop.id, now) == "failed" and studies == ["base"]
+    assert Loop.objects.get(id=loop.id).reason == "the study could not start: no traffic in the window"
+
+    Loop.objects.all().delete()
+    loop = service.start_from_alert(page(world["alpha"]))
+    _done_study(loop, proposed={"max_num_seqs": 64})
+    assert machine.advance(loop.id) == "rolling_out"
+    real, rollouts = machine.create_rollout, []
+
+    def slow_create_rollout(*args, **kwargs):
+        rollouts.append(kwargs["group"])
+        assert machine.advance(loop.id) == "rolling_out"  # a second tick meanwhile leaves it to this one
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(machine, "create_rollout", slow_create_rollout)
+    assert machine.advance(loop.id) == "rolling_out"
+    loop.refresh_from_db()
+    assert rollouts == ["base"] and loop.rollout is not None and loop.claimed_at is None
+    assert [s.step for s in loop.steps.all()] == ["started", "proposed", "rollout_started"]
+
+
 @pytest.mark.parametrize("study,words", [
     ({"proposed": {"max_num_seqs": 64}, "model_error": None}, "no calibrated engine model"),
     ({"proposed": {"max_num_seqs": 64}, "model_error": 0.3}, "error is above the policy's 20%: held-out (p50 TTFT, "
