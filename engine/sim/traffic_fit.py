@@ -252,13 +252,18 @@ def prediction_error(rows: Sequence[Observed], predicted: Sequence, queue_floor_
     out: dict[str, float] = {}
     for index, figure in enumerate(FIGURES):
         obs, pred = _sorted_figure(rows, predicted, index)
-        if not obs:
-            continue
-        for q in QUANTILES:
-            o, p = percentile(obs, q), percentile(pred, q)
-            scale = max(o, queue_floor_ms) if figure == "queue_ms" else o
-            if scale > 0:
-                out[f"{figure}_p{q}"] = (p - o) / scale
+        out.update(_quantile_errors(figure, obs, pred, floor=queue_floor_ms if figure == "queue_ms" else 0.0))
+    return out
+
+
+def _quantile_errors(figure: str, obs: Sequence[float], pred: Sequence[float], floor: float = 0.0) -> dict[str, float]:
+    """{"<figure>_p50": (predicted - observed) / max(observed, floor), ...} over sorted values; empty without any."""
+    out: dict[str, float] = {}
+    for q in QUANTILES if obs else ():
+        o, p = percentile(obs, q), percentile(pred, q)
+        scale = max(o, floor)
+        if scale > 0:
+            out[f"{figure}_p{q}"] = (p - o) / scale
     return out
 
 
@@ -269,13 +274,7 @@ def prefill_error(rows: Sequence[Observed], predicted: Sequence) -> dict[str, fl
     few per cent of capacity either way moves it, and the TTFT with it, several-fold."""
     pairs = [(_prefill(row.ttft_ms, row.queue_ms), _prefill(p[0], p[2])) for row, p in zip(rows, predicted)
              if p is not None and row.ttft_ms is not None and p[0] is not None]
-    obs, pred = sorted(o for o, _ in pairs), sorted(p for _, p in pairs)
-    out: dict[str, float] = {}
-    for q in QUANTILES if obs else ():
-        o, p = percentile(obs, q), percentile(pred, q)
-        if o > 0:
-            out[f"prefill_ms_p{q}"] = (p - o) / o
-    return out
+    return _quantile_errors("prefill_ms", sorted(o for o, _ in pairs), sorted(p for _, p in pairs))
 
 
 def curves(rows: Sequence[Observed], predicted: Sequence) -> dict[str, dict[str, list[float]]]:
