@@ -20,6 +20,17 @@
 
   function fmt(v) { return v == null ? "–" : (Math.abs(v) >= 100 ? v.toFixed(0) : v.toFixed(2)); }
 
+  // A y axis as wide as its longest tick label, at least `minimum` px: a fixed size cut "16.075" to "6.075".
+  var measure = document.createElement("canvas").getContext("2d");
+  function yAxis(minimum) {
+    return {size: function (u, values) {
+      if (!values) { return minimum; }
+      measure.font = "12px system-ui, -apple-system, sans-serif";  // uPlot's axis font
+      var widest = values.reduce(function (w, v) { return Math.max(w, measure.measureText(String(v)).width); }, 0);
+      return Math.max(minimum, Math.ceil(widest) + 22);  // the ticks (10 px) and the gap before the labels
+    }};
+  }
+
   function line(label, color, values, extra) {
     var s = {label: label, stroke: color, width: 1.5, value: function (u, v) { return fmt(v); }, spanGaps: false};
     for (var k in (extra || {})) { s[k] = extra[k]; }
@@ -80,7 +91,7 @@
     var x = {time: !plain};
     if (xRange && !plain) { x.range = function () { return xRange; }; }
     var opts = {width: width, height: 210, series: series, scales: {x: x},
-                axes: [{}, {size: 56}], legend: {live: true}, cursor: {drag: {x: false, y: false}},
+                axes: [{}, yAxis(56)], legend: {live: true}, cursor: {drag: {x: false, y: false}},
                 hooks: plain ? {} : {draw: [annotate]}};
     node.innerHTML = "";
     var chart = new uPlot(opts, columns, node);
@@ -239,7 +250,7 @@
           if (liveCharts[kind]) { liveCharts[kind].destroy(); }
           node.innerHTML = "";
           liveCharts[kind] = new uPlot({width: Math.max(node.clientWidth, 300), height: 180, series: series,
-                                        scales: {x: {time: true, range: lastMinute}}, axes: [{}, {size: 50}]},
+                                        scales: {x: {time: true, range: lastMinute}}, axes: [{}, yAxis(50)]},
                                        columns, node);
         }
         node.setAttribute("data-drawn", String(times.length));
