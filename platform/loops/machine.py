@@ -248,33 +248,45 @@ def _create_rollout(loop: Loop) -> None:
                      {"rollout": rollout.id, "plan": rollout.plan})
 
 
-def burn_now(loop: Loop) -> tuple[str, float | None]:
-    """(the window, the burning SLO's burn rate over it) at its latest evaluation: the short window of its fastest
-    page tier (5m with the default tiers), the one that says whether it burns now. None when unknown."""
+def burn_now(loop: Loop) -> tuple[str, float | None, str]:
+    """(the window, the burning SLO's burn rate over it or None when unknown, what it was judged on) at its latest
+    evaluation: the short window of its fastest page tier (5m with the default tiers), the one that says whether it
+    burns now. A window with fewer requests than the SLO's min_requests says nothing: right after a promotion's
+    drain-and-replace, an empty minute read as a burn rate of 0."""
     slo = SLO.objects.filter(id=loop.slo_id).first() if loop.slo_id else None
     if slo is None:
-        return "5m", None
+        return "5m", None, "no SLO"
     tiers = sorted(slo.burn_tiers, key=lambda t: (t.severity != "page", t.short_window))
     label = window_label(tiers[0].short_window) if tiers else "5m"
-    return label, ((slo.last_status or {}).get("burn_rates") or {}).get(label)
+    status = slo.last_status or {}
+    rate = (status.get("burn_rates") or {}).get(label)
+    total = ((status.get("counts") or {}).get(label) or {}).get("total")
+    if rate is None or total is None:
+        return label, None, "no evaluation yet"
+    if total < slo.min_requests:
+        return label, None, f"{total} requests < min_requests {slo.min_requests}"
+    return label, rate, f"{total} requests"
 
 
 def _watching(loop: Loop, now: dt.datetime) -> None:
-    window, rate = burn_now(loop)
+    window, rate, basis = burn_now(loop)
     if rate is not None and rate < 1 and loop.restored_at is None:
         with transaction.atomic():
             if Loop.objects.filter(id=loop.id, version=loop.version).update(restored_at=now):
                 loop.refresh_from_db()
-                S.record(loop, "burn_below_1", S.LOOP, f"the SLO's {window} burn rate is {rate:.2f}, below 1, "
-                         f"{(now - loop.created_at).total_seconds():.0f} s after the page",
-                         {"window": window, "burn_rate": rate,
+                S.record(loop, "burn_below_1", S.LOOP, f"the SLO's {window} burn rate is {rate:.2f} ({basis}), "
+                         f"below 1, {(now - loop.created_at).total_seconds():.0f} s after the page",
+                         {"window": window, "burn_rate": rate, "basis": basis,
                           "seconds_since_page": (now - loop.created_at).total_seconds()})
     if loop.watch_until and now >= loop.watch_until:
-        figures = {"window": window, "burn_rate": rate,
+        figures = {"window": window, "burn_rate": rate, "basis": basis,
                    "restored_at": loop.restored_at.isoformat() if loop.restored_at else None}
         if rate is not None and rate < 1:
-            S.move(loop, LoopState.RESTORED, reason=f"the SLO's {window} burn rate is {rate:.2f} at the watch's end",
-                   figures=figures)
+            S.move(loop, LoopState.RESTORED, reason=f"the SLO's {window} burn rate is {rate:.2f} ({basis}) at the "
+                   f"watch's end", figures=figures)
+        elif rate is None:
+            S.move(loop, LoopState.NOT_RESTORED, reason=f"the watch ended with no {window} burn rate to judge "
+                   f"({basis})", figures=figures)
         else:
             S.move(loop, LoopState.NOT_RESTORED, reason=f"the SLO still burns at the watch's end ({window} burn "
-                   f"rate {rate if rate is None else f'{rate:.2f}'})", figures=figures)
+                   f"rate {rate:.2f}, {basis})", figures=figures)

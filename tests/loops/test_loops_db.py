@@ -345,6 +345,13 @@ def test_a_page_through_the_alerts_lifecycle_starts_the_loop_and_a_canary_page_a
     assert Loop.objects.count() == 1  # the canary's page started no loop of its own (not a managed group)
 
 
+def _status(burn_5m: float, requests_5m: int) -> dict:
+    """An SLO's last_status as its evaluation writes it: the burn rates and the counts of each window."""
+    return {"burn_rates": {"5m": burn_5m, "1h": 8.0},
+            "counts": {"5m": {"total": requests_5m, "bad": round(burn_5m * 0.01 * requests_5m)},
+                       "1h": {"total": 12 * requests_5m, "bad": 12 * requests_5m}}}
+
+
 def test_a_promoted_loop_watches_the_slo_and_ends_restored_or_not(world):
     from rollouts.models import Rollout
     from slo import services as slos
@@ -364,17 +371,30 @@ def test_a_promoted_loop_watches_the_slo_and_ends_restored_or_not(world):
         machine.advance(loop.id)
         loop.refresh_from_db()
         Rollout.objects.filter(id=loop.rollout_id).update(state="promoted")
-        SLO.objects.filter(id=slo.id).update(last_status={"burn_rates": {"5m": 20.0, "1h": 15.0}})
+        SLO.objects.filter(id=slo.id).update(last_status=_status(20.0, 300))
         assert machine.advance(loop.id) == "watching"
         assert machine.advance(loop.id) == "watching" and Loop.objects.get(id=loop.id).restored_at is None
-        SLO.objects.filter(id=slo.id).update(last_status={"burn_rates": {"5m": 0.4, "1h": 9.0}})
+        # Fewer requests than the SLO's min_requests (20) say nothing, however low their burn: right after a
+        # drain-and-replace, an empty window read as 0.00 and recorded the burn below 1 (real vLLM, 2026-11-30).
+        for empty in (0, 19):
+            SLO.objects.filter(id=slo.id).update(last_status=_status(0.0, empty))
+            assert machine.advance(loop.id) == "watching" and Loop.objects.get(id=loop.id).restored_at is None
+        SLO.objects.filter(id=slo.id).update(last_status=_status(0.4, 300))
         assert machine.advance(loop.id) == "watching"
         assert Loop.objects.get(id=loop.id).restored_at is not None  # when the burn first fell below 1
-        SLO.objects.filter(id=slo.id).update(last_status={"burn_rates": {"5m": rate_at_end, "1h": 8.0}})
+        assert "burn rate is 0.40 (300 requests), below 1" in Loop.objects.get(id=loop.id).steps.last().reason
+        SLO.objects.filter(id=slo.id).update(last_status=_status(rate_at_end, 300))
         Loop.objects.filter(id=loop.id).update(watch_until=timezone.now() - dt.timedelta(seconds=1))
         assert machine.advance(loop.id) == final
         steps = [s.step for s in Loop.objects.get(id=loop.id).steps.all()]
         assert steps == ["started", "proposed", "rollout_started", "promoted", "burn_below_1", final], steps
+    # A watch that ends on a window too thin to judge ends not restored, and says why.
+    Loop.objects.filter(id=loop.id).update(state="watching", version=0, finished_at=None, reason="")
+    loop.refresh_from_db()
+    SLO.objects.filter(id=slo.id).update(last_status=_status(0.0, 4))
+    assert machine.advance(loop.id) == "not_restored"
+    assert Loop.objects.get(id=loop.id).reason == ("the watch ended with no 5m burn rate to judge (4 requests < "
+                                                   "min_requests 20)")
 
 
 def test_the_loop_pages_show_the_timeline_and_the_link_decides_only_on_an_admins_post(world):
