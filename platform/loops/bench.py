@@ -13,14 +13,15 @@ stand in for GPUs (none here), in real time on this host's cores.
 
 BENCH lines (seconds):
 - loop_page_s: the load raised → the loop started by the page;
-- loop_study_done_s, loop_canary_s, loop_promoted_s, loop_burn_below_1_s: the page → each step;
+- loop_study_done_s, loop_rollout_started_s, loop_canary_s (its replica up and taking traffic), loop_promoted_s,
+  loop_burn_below_1_s: the page → each step;
 - loop_restored_s: the page → the loop's end (restored at the watch's end).
 tests/loops/test_loops_live.py runs the same scenario (`run`) and asserts on its steps.
 
 ``--engine vllm`` runs the same loop on real vLLM (its CPU build, `make vllm`, serving the study-size tiny Llama,
 `make tiny-models`): group `real` with max_num_seqs 2 under answers of 200-400 tokens at 0.35 req/s for seven
-minutes, then 1.75 req/s, more than two sequences at once serve; a TTFT SLO of 4 s; the study's winner confirmed on
-real `vllm serve` processes and its canary a real replica. Opt-in (about 35 minutes on 2 cores) and in no suite: it
+minutes, then 1.75 req/s, more than two sequences at once serve; a TTFT SLO of 4 s; no confirmation of the study's
+winner (on two cores its `vllm serve` would share them with the saturated group), its canary a real replica. Opt-in (about 35 minutes on 2 cores) and in no suite: it
 prints the same BENCH lines with a `loop_vllm_` prefix.
 """
 from __future__ import annotations
@@ -94,12 +95,21 @@ SIMULATED = Scenario("base", RATE, LOAD, SLO, POLICY, PLATFORM_ENV, 90.0, "loop"
 # (1.05 req/s) paged after 90 s in one run and not in ten minutes in another; quadrupled (1.4 req/s), served at 1.44
 # req/s, burned 8.8x over 10 minutes and never paged (2026-11-30). Seven minutes
 # of the healthy start (about 150 requests) calibrate the model. --rate sets another host's healthy rate.
+# The policy asks for the model within its bound but no confirmation on replicas: here the confirmation's `vllm serve`
+# shares the two cores with the saturated group (it met the SLOs at no rate, 2026-11-30), so the canary is the last
+# word. It is compared with a baseline twin started beside it, not with the group: the group's replica, minutes of
+# queue behind, completed no request within the canary's window, and the canary stayed inconclusive (2026-11-30).
+# The canary is judged on what the loop is for (TTFT and queue time, 10 %), TPOT only beyond +50 %: four sequences
+# decode more slowly than two, by design, and 87 canary requests could not rule out the +1.7 ms it cost (2026-11-30).
+VLLM_CANARY_METRICS = [{"metric": "ttft_ms"}, {"metric": "queue_ms"},
+                       {"metric": "tpot_ms", "tolerance": 0.5, "must_pass": False}]
 REAL_VLLM = Scenario(
     "real", 0.35, ("--model", "tiny-study", "--input-len", "16:128", "--output-len", "200:400"),
     {**SLO, "name": "real-ttft", "threshold_ms": 4000, "filters": {"replica_group": ["real"]}},
-    {**POLICY, "plan": {**POLICY["plan"], "steps": [{"canary": 50, "interval": 60}],
-                        "analysis": {**POLICY["plan"]["analysis"], "window_seconds": 30, "min_requests": 10}},
-     "study": {"trials": 6, "window_hours": 1}},
+    {**POLICY, "plan": {**POLICY["plan"], "steps": [{"canary": 50, "interval": 90}], "compare_with": "twin",
+                        "analysis": {**POLICY["plan"]["analysis"], "window_seconds": 60, "min_requests": 10,
+                                     "max_extensions": 2, "mde": 0.5, "metrics": VLLM_CANARY_METRICS}},
+     "study": {"trials": 6, "window_hours": 1}, "min_confidence": {"model_error": 0.3, "confirmation": False}},
     {**PLATFORM_ENV, "TUNING_CALIBRATION_MIN_REQUESTS": "60", "TUNING_MODEL_LIVE_MIN_REQUESTS": "20",
      "TUNING_CONFIRM_ITEMS": "60", "TUNING_CONFIRM_MAX_RATE": "4"}, 420.0, "loop_vllm", backend="vllm", surge=4)
 VLLM_CONFIG = {"gpu_type": "CPU", "max_num_seqs": 2, "kv_cache_memory_bytes": 128 * 1024 * 1024}
@@ -180,10 +190,15 @@ def run(api: Api, load: Callable[[int], None], *, tail: Callable[[], str] = str,
     page = _time(final["created_at"])
     steps = {s["step"]: s for s in final["steps"]}
     times = {"page": page - raised}
-    for name, key in (("study_done", "proposed"), ("canary", "rollout_started"), ("promoted", "promoted"),
-                      ("burn_below_1", "burn_below_1"), ("restored", "restored")):
-        if key in steps:
-            times[name] = _time(steps[key]["at"]) - page
+    at = {name: _time(steps[key]["at"]) for name, key in (
+        ("study_done", "proposed"), ("rollout_started", "rollout_started"), ("promoted", "promoted"),
+        ("burn_below_1", "burn_below_1"), ("restored", "restored")) if key in steps}
+    if final.get("rollout"):  # the canary taking traffic: its replica up, the gateway's weight set
+        rollout = api("GET", f"/api/v1/rollouts/{final['rollout']}")[1]
+        weighted = [t["at"] for t in rollout.get("transitions", []) if t["action"] == "canary-weight"]
+        if weighted:
+            at["canary"] = _time(weighted[0])
+    times.update((name, when - page) for name, when in sorted(at.items(), key=lambda item: item[1]))
     return {"loop": final, "steps": steps, "model": model, "times": times}
 
 

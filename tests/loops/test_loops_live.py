@@ -67,11 +67,20 @@ def test_a_doubled_load_is_paged_tuned_rolled_out_and_restored_unattended(world)
         assert steps["study_started"]["figures"]["engine_model"] == result["model"]["id"]
         status, rollout = world.api("GET", f"/api/v1/rollouts/{final['rollout']}")
         assert rollout["state"] == "promoted" and rollout["config"]["max_num_seqs"] == 4, rollout
+        # One study and one rollout: overlapping ticks leave each to the tick that claimed it.
+        studies = [s for s in world.api("GET", "/api/v1/tuning-studies")[1]["studies"]
+                   if s["created_by"] == f"loop {final['id']}"]
+        assert [s["id"] for s in studies] == [steps["study_started"]["figures"]["study"]], studies
+        rollouts = [r for r in world.api("GET", "/api/v1/rollouts")[1]["rollouts"]
+                    if r["created_by"] == f"loop {final['id']}"]
+        assert [r["id"] for r in rollouts] == [final["rollout"]], rollouts
         assert all(s["actor"] == "loop" for s in final["steps"])
         # Every step reached the webhook, in order.
         sent = bench.until("every step's notification", lambda: (lambda got: got if len(got) >= len(steps) else None)(
             [b["labels"]["step"] for b in receiver.bodies() if b.get("kind") == "loop"]), 60)
         assert sent == list(steps), sent
+        assert list(result["times"]) == ["page", "study_done", "rollout_started", "canary", "promoted", "burn_below_1",
+                                         "restored"], result["times"]
         print(f"\nloop times (s): {result['times']}")
     finally:
         receiver.close()
