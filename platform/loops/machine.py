@@ -5,7 +5,8 @@
   winner confirmed on replicas), take its proposal (knobs within their factors), then stop there (propose), ask
   an admin (approve: a signed, expiring link in the notification) or start the rollout (auto);
 - awaiting_approval: expire when nobody decided in time;
-- rolling_out: start the rollout with the policy's plan once approved; follow it to promoted (watch) or not
+- rolling_out: start the rollout with the policy's plan once approved, each latency metric the study predicts the
+  winner to worsen judged beyond that prediction (``expecting``); follow it to promoted (watch) or not
   (rolled_back, with the rollout's reason);
 - watching: the burning SLO's burn rate over its fastest page tier's short window (5m by default), read from its
   latest evaluation, until the watch ends: restored when it is below 1 then (and when it first fell below 1),
@@ -19,11 +20,13 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import logging
+import math
 
 from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 from rollouts.models import RolloutState
+from rollouts.plan import METRIC_LABELS
 from rollouts.service import RolloutError, create_rollout
 from slo.burn import window_label
 from slo.models import SLO
@@ -98,12 +101,6 @@ def _claimed(loop: Loop, now: dt.datetime, step: str):
             Loop.objects.filter(id=loop.id, claimed_at=now).update(claimed_at=None)
 
 
-def _start_study(loop: Loop, now: dt.datetime) -> None:
-    with _claimed(loop, now, "study") as mine:
-        if mine:
-            _create_study(loop)
-
-
 def _create_study(loop: Loop) -> None:
     current, _ = group_config(loop.group)
     policy = loop.policy
@@ -171,7 +168,9 @@ def _within_limits(loop: Loop, proposal: dict) -> str | None:
 def _studying(loop: Loop, now: dt.datetime) -> None:
     study = loop.study
     if study is None:
-        _start_study(loop, now)
+        with _claimed(loop, now, "study") as mine:
+            if mine:
+                _create_study(loop)
         return
     if study.state in STUDY_ACTIVE:
         return
@@ -232,10 +231,42 @@ def _rolling_out(loop: Loop, now: dt.datetime) -> None:
                figures={"rollout": rollout.id})
 
 
+# A latency metric of the canary analysis → the study's predicted figure of it (search.explain's Measure).
+PREDICTED = {"ttft_ms": "ttft_p99", "tpot_ms": "tpot_p99", "e2e_ms": "e2e_p99", "queue_ms": "mean_queue_ms",
+             "prefill_ms": "mean_prefill_ms", "decode_ms": "mean_decode_ms"}
+
+
+def expecting(plan: dict, study: TuningStudy | None) -> tuple[dict, dict[str, float]]:
+    """The policy's plan with, on each latency metric the study predicts the winner to worsen, that change as the
+    metric's ``expected`` (relative, rounded up to 1%): the canary is then judged on what it does beyond the
+    prediction. A config that batches more sequences cuts the queue and makes each token slower by design; judged
+    against the baseline alone, TPOT held such a canary inconclusive (real vLLM, 2026-11-30). Predicted
+    improvements are not expected of the canary, and a metric whose ``expected`` the policy sets keeps it.
+    Returns the plan and the expected changes it set."""
+    explanation = ((study.result or {}) if study else {}).get("explanation") or {}
+    current, best = explanation.get("current") or {}, explanation.get("best") or {}
+    analysis = plan.get("analysis") or {}
+    set_here: dict[str, float] = {}
+    metrics = []
+    for metric in analysis.get("metrics") or []:
+        key = PREDICTED.get(metric["metric"])
+        before, after = current.get(key), best.get(key)
+        if "expected" not in metric and metric.get("direction") == "increase" and before and after and before > 0 \
+                and after > before:
+            change = min(math.ceil((after / before - 1.0) * 100) / 100, 10.0)
+            metric = {**metric, "expected": change}
+            set_here[metric["metric"]] = change
+        metrics.append(metric)
+    if not set_here:
+        return plan, {}
+    return {**plan, "analysis": {**analysis, "metrics": metrics}}, set_here
+
+
 def _create_rollout(loop: Loop) -> None:
+    plan, expected = expecting(loop.policy["plan"], loop.study)
     try:
         rollout = create_rollout(loop.project, group=loop.group, from_study=loop.study_id,
-                                 plan=loop.policy["plan"], created_by=f"loop {loop.id}")
+                                 plan=plan, created_by=f"loop {loop.id}")
     except RolloutError as exc:
         S.move(loop, LoopState.FAILED, reason=f"the rollout could not start: {exc}")
         return
@@ -243,9 +274,11 @@ def _create_rollout(loop: Loop) -> None:
         won = type(loop).objects.filter(id=loop.id, version=loop.version, rollout__isnull=True).update(rollout=rollout)
         if won:
             loop.refresh_from_db()
+            judged = "; the canary is judged beyond the study's predicted " + ", ".join(
+                f"{METRIC_LABELS[m]} {v:+.0%}" for m, v in expected.items()) if expected else ""
             S.record(loop, "rollout_started", S.LOOP, f"rollout {rollout.id} of config "
-                     f"{rollout.config_version} to {loop.group} ({len(rollout.plan['steps'])} steps)",
-                     {"rollout": rollout.id, "plan": rollout.plan})
+                     f"{rollout.config_version} to {loop.group} ({len(rollout.plan['steps'])} steps){judged}",
+                     {"rollout": rollout.id, "plan": rollout.plan, "expected": expected})
 
 
 def burn_now(loop: Loop) -> tuple[str, float | None, str]:

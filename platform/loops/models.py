@@ -76,8 +76,9 @@ class Loop(models.Model):
     proposal = models.JSONField(default=dict)
     rollout = models.ForeignKey("rollouts.Rollout", on_delete=models.SET_NULL, null=True, blank=True,
                                 related_name="loops")
-    # Set by the tick that creates the loop's study or rollout, before it does, and cleared when the loop links
-    # it: a concurrent tick sees the claim and leaves the step to that tick.
+    # Set by the tick that creates the loop's study or rollout, before it does, and cleared when that tick is done,
+    # whatever happened: a concurrent tick sees the claim and leaves the step to it (a claim older than 10 minutes
+    # is taken over: its worker died).
     claimed_at = models.DateTimeField(null=True, blank=True)
     approval_nonce = models.CharField(max_length=32, blank=True, default="")
     approval_expires_at = models.DateTimeField(null=True, blank=True)

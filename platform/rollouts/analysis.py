@@ -4,8 +4,10 @@ same span, read from ClickHouse by replica group.
 Per latency metric (TTFT, TPOT, e2e, queue, prefill, decode), as Kayenta judges a canary but on every request
 rather than on pre-aggregated series: the Mann–Whitney U test and the Hodges–Lehmann shift (canary − baseline)
 with its distribution-free (Moses) confidence interval at the look's level (alpha split over the metrics). With T
-the tolerance (``tolerance`` × the baseline's median, at least ``min_shift_ms``) and M the minimum detectable
-effect (``mde`` × the baseline's median, at least T):
+the tolerance (``tolerance`` × the baseline's median, at least ``min_shift_ms``), M the minimum detectable
+effect (``mde`` × the baseline's median, at least T) and E the change the rollout is expected to make (``expected``
+× the baseline's median, 0 by default; a loop sets it from its study's prediction, e.g. TPOT +20% for a config that
+batches more sequences), each shift is judged beyond E:
 
 - **fail** when the interval lies wholly beyond T in the bad direction (the canary is worse by more than the
   tolerance, with the look's confidence);
@@ -122,17 +124,20 @@ def judge_metric(spec: dict, baseline: np.ndarray, canary: np.ndarray, *, alpha:
     median = max(abs(out["baseline_median"] or 0.0), 0.0)
     tolerance = max(spec["tolerance"] * median, spec["min_shift_ms"])
     detectable = max(mde * median, tolerance)
+    expected = spec.get("expected", 0.0) * median
     shift, low, high = hl_interval(baseline, canary, 1.0 - alpha)
     _, p = stats.rank_test(baseline, canary, paired=False)
     out.update(hl_shift=shift, ci=[low, high], p=p, tolerance_ms=tolerance, mde_ms=detectable,
                confidence=1.0 - alpha)
+    if expected:
+        out["expected_ms"] = expected
     direction = spec["direction"]
     worse_up = direction in ("increase", "either")
     worse_down = direction in ("decrease", "either")
-    if (worse_up and low > tolerance) or (worse_down and high < -tolerance):
+    if (worse_up and low - expected > tolerance) or (worse_down and high - expected < -tolerance):
         out["verdict"] = "fail"
         return out
-    ruled_out = (not worse_up or high < detectable) and (not worse_down or low > -detectable)
+    ruled_out = (not worse_up or high - expected < detectable) and (not worse_down or low - expected > -detectable)
     if ruled_out:
         out["verdict"] = "pass"
         return out
@@ -142,7 +147,8 @@ def judge_metric(spec: dict, baseline: np.ndarray, canary: np.ndarray, *, alpha:
     needed = stats.required_sample(int(canary.size), detectable, se, alpha=alpha / 2.0, target=power) \
         if math.isfinite(se) else None
     out["needed"] = needed
-    out["why"] = (f"{canary.size} canary requests cannot rule out a {_ms(detectable)} shift "
+    beyond = f" beyond the expected {_signed(expected)}" if expected else ""
+    out["why"] = (f"{canary.size} canary requests cannot rule out a {_ms(detectable)} shift{beyond} "
                   f"(interval [{_ms(low)}, {_ms(high)}])"
                   + (f"; about {needed} are needed" if needed else ""))
     return out
@@ -283,7 +289,8 @@ def metric_sentence(row: dict) -> str:
         low, high = row["ci"]
         text += (f" (baseline {_ms(base)}, canary {_ms(can)}, HL shift {_ms(row['hl_shift'])} "
                  f"[{_ms(low).removesuffix(' ms')}, {_ms(high)}], {_p_text(row.get('p'))}; tolerance "
-                 f"{_ms(row['tolerance_ms'])})")
+                 f"{_ms(row['tolerance_ms'])}"
+                 + (f" beyond the expected {_signed(row['expected_ms'])}" if row.get("expected_ms") else "") + ")")
     explained = row.get("explained_by")
     if explained:
         text += f"; {explained['label']} explains {explained['share'] * 100:.0f}% of it"

@@ -144,9 +144,9 @@ def parse_analysis(data: Any, problems: list[str]) -> dict:
                     continue
                 name = item["metric"]
                 for key in sorted(set(item) - {"metric", "direction", "tolerance", "statistic", "min_shift_ms",
-                                               "must_pass"}):
+                                               "must_pass", "expected"}):
                     problems.append(f"{where}{key}: unknown; use direction, tolerance, statistic, min_shift_ms, "
-                                    f"must_pass")
+                                    f"must_pass, expected")
                 metric = {"metric": name, "direction": "increase", "tolerance": 0.10, "statistic": "p95",
                           "min_shift_ms": MIN_SHIFT_MS[name], "must_pass": MUST_PASS[name]}
                 if "must_pass" in item:
@@ -165,9 +165,9 @@ def parse_analysis(data: Any, problems: list[str]) -> dict:
                         problems.append(f"{where}statistic (the percentile reported): one of {', '.join(STATISTICS)}")
                     else:
                         metric["statistic"] = item["statistic"]
-                for key, high in (("tolerance", 10.0), ("min_shift_ms", 1e6)):
+                for key, low, high in (("tolerance", 0, 10.0), ("min_shift_ms", 0, 1e6), ("expected", -0.9, 10.0)):
                     if key in item:
-                        value = _number(item, key, where, problems, low=0, high=high)
+                        value = _number(item, key, where, problems, low=low, high=high)
                         if value is not None:
                             metric[key] = value
                 parsed.append(metric)

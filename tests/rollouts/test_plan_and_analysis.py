@@ -124,6 +124,41 @@ def test_an_improvement_passes_and_a_decrease_fails_only_where_lower_is_worse():
     assert lower_is_worse["verdict"] == "fail"
 
 
+def test_an_expected_change_is_judged_beyond_the_expectation_and_only_beyond_it():
+    """A config that batches more sequences makes each token slower by design: TPOT 30% higher fails against the
+    baseline alone, passes when that rise is expected, and a rise well beyond the expectation still fails."""
+    rng = np.random.default_rng(9)
+    baseline = _sample(1500, 40.0, rng)
+    slower = _sample(800, 40.0, rng)
+    slower.values = {m: v * 1.3 for m, v in slower.values.items()}
+    plain = [{"metric": "tpot_ms"}]
+    assert _judge(baseline, slower, metrics=plain, error_rate=False, slo=False)["verdict"] == "fail"
+    expected = [{"metric": "tpot_ms", "expected": 0.3}]
+    result = _judge(baseline, slower, metrics=expected, error_rate=False, slo=False)
+    tpot = result["metrics"][0]
+    assert result["verdict"] == "pass", result["reason"]
+    assert tpot["expected_ms"] == pytest.approx(0.3 * tpot["baseline_median"])
+    assert _judge(baseline, slower, metrics=[{"metric": "tpot_ms", "expected": 0.05}], error_rate=False,
+                  slo=False)["verdict"] == "fail"
+    much_slower = _sample(800, 40.0, rng)
+    much_slower.values = {m: v * 1.8 for m, v in much_slower.values.items()}
+    failed = _judge(baseline, much_slower, metrics=expected, error_rate=False, slo=False)
+    assert failed["verdict"] == "fail" and "beyond the expected +" in failed["reason"], failed["reason"]
+    # Few requests: the reason says what cannot be ruled out beyond the expectation.
+    few = _judge(baseline, _sample(25, 52.0, rng), metrics=expected, error_rate=False, slo=False)
+    assert few["verdict"] == "inconclusive" and "beyond the expected +" in few["reason"], few["reason"]
+
+
+def test_an_expected_change_is_a_bounded_number():
+    plan = parse_plan({"analysis": {"metrics": [{"metric": "tpot_ms", "expected": 0.25}]}})
+    assert plan["analysis"]["metrics"][0]["expected"] == 0.25
+    assert parse_plan(plan) == plan  # a parsed plan parses to itself (a loop passes one on)
+    assert "expected" not in parse_plan(None)["analysis"]["metrics"][0]
+    for bad in (-1, 11, "20%", True, math.nan):
+        problems = problems_of({"analysis": {"metrics": [{"metric": "tpot_ms", "expected": bad}]}})
+        assert any("analysis.metrics[0].expected: a number in [-0.9, 10]" in p for p in problems), problems
+
+
 def test_error_rate_fails_on_fisher_beyond_tolerance():
     rng = np.random.default_rng(7)
     baseline, canary = _sample(1000, 180.0, rng, errors=5), _sample(200, 180.0, rng, errors=30)
