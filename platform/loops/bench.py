@@ -21,8 +21,9 @@ tests/loops/test_loops_live.py runs the same scenario (`run`) and asserts on its
 ``--engine vllm`` runs the same loop on real vLLM (its CPU build, `make vllm`, serving the study-size tiny Llama,
 `make tiny-models`): group `real` with max_num_seqs 2 under answers of 200-400 tokens at 0.35 req/s for seven
 minutes, then 1.75 req/s, more than two sequences at once serve; a TTFT SLO of 4 s; no confirmation of the study's
-winner (on two cores its `vllm serve` would share them with the saturated group), its canary a real replica. Opt-in (about 35 minutes on 2 cores) and in no suite: it
-prints the same BENCH lines with a `loop_vllm_` prefix.
+winner (on two cores its `vllm serve` would share them with the saturated group), its canary a real replica; a
+20-minute watch (the backlog left by the drain-and-replace takes minutes to work off). Opt-in (about 50 minutes on
+2 cores) and in no suite: it prints the same BENCH lines with a `loop_vllm_` prefix.
 """
 from __future__ import annotations
 
@@ -92,9 +93,9 @@ SIMULATED = Scenario("base", RATE, LOAD, SLO, POLICY, PLATFORM_ENV, 90.0, "loop"
 # decodes at ~6-10 ms a token, so answers of 200-400 tokens hold each of the group's two sequences for 2-3 s. At
 # 0.35 req/s, with the SLO at 4 s, the two sequences keep up (queues of up to ~1 s); five-fold (1.75 req/s) they do
 # not, and the queue grows until the page. How much two sequences serve varies from run to run on this host: tripled
-# (1.05 req/s) paged after 90 s in one run and not in ten minutes in another; quadrupled (1.4 req/s), served at 1.44
-# req/s, burned 8.8x over 10 minutes and never paged (2026-11-30). Seven minutes
-# of the healthy start (about 150 requests) calibrate the model. --rate sets another host's healthy rate.
+# (1.05 req/s) paged after 90 s in one run and not in ten minutes in another; quadrupled (1.4 req/s), served at
+# 1.44 req/s, burned 8.8x over 10 minutes and never paged (2026-11-30). Seven minutes of the healthy start (about
+# 150 requests) calibrate the model. --rate sets another host's healthy rate.
 # The policy asks for the model within its bound but no confirmation on replicas: here the confirmation's `vllm serve`
 # shares the two cores with the saturated group (it met the SLOs at no rate, 2026-11-30), so the canary is the last
 # word. It is compared with a baseline twin started beside it, not with the group: the group's replica, minutes of
@@ -109,7 +110,8 @@ REAL_VLLM = Scenario(
     {**POLICY, "plan": {**POLICY["plan"], "steps": [{"canary": 50, "interval": 90}], "compare_with": "twin",
                         "analysis": {**POLICY["plan"]["analysis"], "window_seconds": 60, "min_requests": 10,
                                      "max_extensions": 2, "mde": 0.5, "metrics": VLLM_CANARY_METRICS}},
-     "study": {"trials": 6, "window_hours": 1}, "min_confidence": {"model_error": 0.3, "confirmation": False}},
+     "study": {"trials": 6, "window_hours": 1}, "min_confidence": {"model_error": 0.3, "confirmation": False},
+     "watch": "20m"},
     {**PLATFORM_ENV, "TUNING_CALIBRATION_MIN_REQUESTS": "60", "TUNING_MODEL_LIVE_MIN_REQUESTS": "20",
      "TUNING_CONFIRM_ITEMS": "60", "TUNING_CONFIRM_MAX_RATE": "4"}, 420.0, "loop_vllm", backend="vllm", surge=4)
 VLLM_CONFIG = {"gpu_type": "CPU", "max_num_seqs": 2, "kv_cache_memory_bytes": 128 * 1024 * 1024}
@@ -149,8 +151,8 @@ def run(api: Api, load: Callable[[int], None], *, tail: Callable[[], str] = str,
         assert api("POST", "/api/v1/channels", {"name": "oncall", "kind": "webhook", "url": channel_url})[0] == 201
     status, body = api("POST", "/api/v1/slos", scenario.slo)
     assert status == 201, body
-    status, body = api("PUT", "/api/v1/loop-policies", scenario.policy)
-    assert status == 200, body
+    status, policy = api("PUT", "/api/v1/loop-policies", scenario.policy)
+    assert status == 200, policy
     load(1)
     time.sleep(scenario.warmup)  # a healthy start, long enough to calibrate the group's engine model
     status, model = api("POST", "/api/v1/engine-models", {"group": scenario.group, "window_hours": 1})
@@ -186,7 +188,7 @@ def run(api: Api, load: Callable[[int], None], *, tail: Callable[[], str] = str,
         body = api("GET", f"/api/v1/loops/{loop['id']}")[1]
         return body if body["state"] not in ACTIVE else None
 
-    final = until("the loop's end", ended, 1200, every=2, tail=tail)
+    final = until("the loop's end", ended, 1200 + policy["watch_seconds"], every=2, tail=tail)
     page = _time(final["created_at"])
     steps = {s["step"]: s for s in final["steps"]}
     times = {"page": page - raised}
@@ -234,7 +236,7 @@ def fleet_spec(root: Path, scenario: Scenario, model: str | None, executable: st
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--engine", choices=("simulator", "vllm"), default="simulator",
-                        help="the group's replicas: simulated (default) or real vLLM's CPU build (opt-in, ~20 min)")
+                        help="the group's replicas: simulated (default) or real vLLM's CPU build (opt-in, ~50 min)")
     parser.add_argument("--model", default=str(ROOT / ".data" / "models" / "tiny-study"),
                         help="with --engine vllm: the model directory (make tiny-models)")
     parser.add_argument("--rate", type=float, default=None,
