@@ -234,7 +234,7 @@ def _canary_step(rollout: Rollout, step: dict, fleet: dict) -> None:
 
 def _brief(metric: dict) -> dict:
     return {k: metric.get(k) for k in ("metric", "verdict", "statistic", "baseline", "canary", "hl_shift", "ci", "p",
-                                       "tolerance_ms", "n_canary", "n_baseline", "explained_by", "needed")}
+                                       "tolerance_ms", "expected_ms", "n_canary", "n_baseline", "explained_by", "needed")}
 
 
 def look(rollout: Rollout, since: dt.datetime, until: dt.datetime) -> dict:
