@@ -253,7 +253,7 @@ def expecting(plan: dict, study: TuningStudy | None) -> tuple[dict, dict[str, fl
         before, after = current.get(key), best.get(key)
         if "expected" not in metric and metric.get("direction") == "increase" and before and after and before > 0 \
                 and after > before:
-            change = min(math.ceil((after / before - 1.0) * 100) / 100, 10.0)
+            change = min(math.ceil(round((after / before - 1.0) * 100, 6)) / 100, 10.0)  # 1.1 → 0.10, not 0.11
             metric = {**metric, "expected": change}
             set_here[metric["metric"]] = change
         metrics.append(metric)

@@ -172,28 +172,31 @@ def test_propose_stops_at_the_proposal_and_auto_goes_on_to_the_rollout(world):
 
 
 def test_the_rollout_judges_a_metric_the_study_predicts_worse_beyond_that_prediction(world):
-    """The study predicts the winner cuts the queue and slows each token (TPOT p99 20.0 → 24.3 ms, decode 400 →
-    480 ms): the loop's rollout expects TPOT +22% and decode +20%, not the improvements, and keeps what the policy
-    set itself."""
+    """The study predicts the winner cuts the queue and slows each token (TPOT p99 20.0 → 24.3 ms, e2e 1000 → 1100
+    ms, decode 400 → 480 ms): the loop's rollout expects TPOT +22% and e2e +10%, not the improvements, and keeps
+    what the policy set itself (decode)."""
     plan = {"steps": [{"canary": 10, "interval": 120}],
-            "analysis": {"metrics": ["ttft_ms", "tpot_ms", "queue_ms", {"metric": "decode_ms", "expected": 0.5}]}}
+            "analysis": {"metrics": ["ttft_ms", "tpot_ms", "queue_ms", "e2e_ms",
+                                     {"metric": "decode_ms", "expected": 0.5}]}}
     assert policy(world, mode="auto", plan=plan)[0] == 200
     loop = service.start_from_alert(page(world["alpha"]))
     study = _done_study(loop, proposed={"max_num_seqs": 64})
     study.result["explanation"] = {
-        "current": {"ttft_p99": 900.0, "tpot_p99": 20.0, "mean_queue_ms": 300.0, "mean_decode_ms": 400.0},
-        "best": {"ttft_p99": 300.0, "tpot_p99": 24.3, "mean_queue_ms": 20.0, "mean_decode_ms": 480.0}}
+        "current": {"ttft_p99": 900.0, "tpot_p99": 20.0, "e2e_p99": 1000.0, "mean_queue_ms": 300.0,
+                    "mean_decode_ms": 400.0},
+        "best": {"ttft_p99": 300.0, "tpot_p99": 24.3, "e2e_p99": 1100.0, "mean_queue_ms": 20.0,
+                 "mean_decode_ms": 480.0}}
     study.save(update_fields=["result"])
     assert machine.advance(loop.id) == "rolling_out"
     assert machine.advance(loop.id) == "rolling_out"
     loop.refresh_from_db()
     metrics = {m["metric"]: m for m in loop.rollout.plan["analysis"]["metrics"]}
-    assert metrics["tpot_ms"]["expected"] == 0.22
+    assert metrics["tpot_ms"]["expected"] == 0.22 and metrics["e2e_ms"]["expected"] == 0.1
     assert "expected" not in metrics["ttft_ms"] and "expected" not in metrics["queue_ms"]
     assert metrics["decode_ms"]["expected"] == 0.5  # the policy's own
     started = loop.steps.get(step="rollout_started")
-    assert "judged beyond the study's predicted TPOT +22%" in started.reason, started.reason
-    assert started.figures["expected"] == {"tpot_ms": 0.22}
+    assert "judged beyond the study's predicted TPOT +22%, e2e latency +10%" in started.reason, started.reason
+    assert started.figures["expected"] == {"tpot_ms": 0.22, "e2e_ms": 0.1}
     # Without the study's explanation the policy's plan goes through as it is.
     assert machine.expecting(loop.policy["plan"], None) == (loop.policy["plan"], {})
 
