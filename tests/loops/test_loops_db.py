@@ -157,7 +157,8 @@ def test_propose_stops_at_the_proposal_and_auto_goes_on_to_the_rollout(world):
     assert machine.advance(loop.id) == "proposed"
     loop.refresh_from_db()
     assert loop.proposal["diff"] == {"max_num_seqs": {"current": 32, "proposed": 64}} and loop.finished_at
-    assert "proposed max_num_seqs: 32 → 64 (the policy stops at the proposal)" in loop.reason
+    assert ("proposed max_num_seqs: 32 → 64 (predicted goodput 8 → 14 req/s a replica within the SLO); the policy "
+            "stops at the proposal") in loop.reason, loop.reason
     Loop.objects.all().delete()
     assert policy(world, mode="auto", cooldown="1h")[0] == 200
     loop = service.start_from_alert(page(world["alpha"]))
