@@ -195,9 +195,12 @@ def _studying(loop: Loop, now: dt.datetime) -> None:
         S.move(loop, LoopState.FAILED, reason=beyond, figures={**figures, "proposal": proposal})
         return
     changes = ", ".join(f"{k}: {v['current']} → {v['proposed']}" for k, v in proposal["diff"].items())
-    before, after = (figures.get("current") or {}).get("goodput"), (figures.get("best") or {}).get("goodput")
+    # What the change buys, in the study's terms: a replica's rate within the SLO (the page's load may be more), both
+    # on the same fresh seeds (the study's predicted gain is their ratio).
+    result = study.result or {}
+    before = (result.get("current_fresh") or result.get("current") or {}).get("goodput")
+    after = (result.get("best") or {}).get("goodput")
     if isinstance(before, (int, float)) and isinstance(after, (int, float)):
-        # What the change buys, in the study's terms: a replica's rate within the SLO (the page's load may be more).
         changes += f" (predicted goodput {before:.3g} → {after:.3g} req/s a replica within the SLO)"
     figures["proposal"] = proposal
     if loop.mode == Mode.PROPOSE:

@@ -144,7 +144,8 @@ def _done_study(loop: Loop, *, proposed: dict, confirmed: float | None = 12.0, m
     study = TuningStudy.objects.create(
         project=loop.project, group="base", current_config=current.to_dict(), workload={}, slo={}, space={},
         trials=5, state=StudyState.DONE, engine_model=model, confirm=True,
-        result={"best": {"config": best, "goodput": 14.0}, "current": {"goodput": 8.0}, "predicted_gain": 1.75,
+        result={"best": {"config": best, "goodput": 14.0}, "current": {"goodput": 8.0},
+                "current_fresh": {"goodput": 7.5}, "predicted_gain": 1.87,
                 "confirmed_goodput": confirmed, "confirmation": {"confirmed_goodput": confirmed}})
     Loop.objects.filter(id=loop.id).update(study=study)
     return study
@@ -157,7 +158,7 @@ def test_propose_stops_at_the_proposal_and_auto_goes_on_to_the_rollout(world):
     assert machine.advance(loop.id) == "proposed"
     loop.refresh_from_db()
     assert loop.proposal["diff"] == {"max_num_seqs": {"current": 32, "proposed": 64}} and loop.finished_at
-    assert ("proposed max_num_seqs: 32 → 64 (predicted goodput 8 → 14 req/s a replica within the SLO); the policy "
+    assert ("proposed max_num_seqs: 32 → 64 (predicted goodput 7.5 → 14 req/s a replica within the SLO); the policy "
             "stops at the proposal") in loop.reason, loop.reason
     Loop.objects.all().delete()
     assert policy(world, mode="auto", cooldown="1h")[0] == 200
