@@ -22,8 +22,8 @@ tests/loops/test_loops_live.py runs the same scenario (`run`) and asserts on its
 `make tiny-models`): group `real` with max_num_seqs 2 under answers of 200-400 tokens at 0.35 req/s for seven
 minutes, then 1.75 req/s, more than two sequences at once serve; a TTFT SLO of 4 s; no confirmation of the study's
 winner (on two cores its `vllm serve` would share them with the saturated group), its canary a real replica; a
-20-minute watch (the backlog left by the drain-and-replace takes minutes to work off). Opt-in (about 45 minutes on
-2 cores) and in no suite: it prints the same BENCH lines with a `loop_vllm_` prefix.
+20-minute watch. Opt-in (about 45 minutes on 2 cores) and in no suite: it prints the same BENCH lines with a
+`loop_vllm_` prefix.
 """
 from __future__ import annotations
 
