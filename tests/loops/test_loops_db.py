@@ -11,6 +11,7 @@ import json
 
 import pytest
 from alerts.models import Alert, AlertKind
+from alerts_support import insert_requests, installed_store, request_row
 from django.contrib.auth import get_user_model
 from django.test import Client
 from django.utils import timezone
@@ -42,8 +43,16 @@ def _token(username: str, project: Project, role: str) -> str:
     return ApiToken.issue(user, role=role)[1]
 
 
+@pytest.fixture(scope="module")
+def store():
+    """A scratch ClickHouse store that traces.store.get_store() hands out for the module's tests (a loop reads the
+    group's completed requests when it proposes)."""
+    with installed_store() as scratch:
+        yield scratch
+
+
 @pytest.fixture
-def world(fleet, settings):
+def world(fleet, settings, store):
     settings.ALERTS = {**settings.ALERTS, "PUBLIC_URL": "https://obs.example"}
     alpha, beta = Project.objects.create(name="alpha"), Project.objects.create(name="beta")
     Channel.objects.create(project=alpha, name="hook", kind="webhook", url="http://127.0.0.1:9/hook")
@@ -201,6 +210,41 @@ def test_the_rollout_judges_a_metric_the_study_predicts_worse_beyond_that_predic
     assert started.figures["expected"] == {"tpot_ms": 0.22, "e2e_ms": 0.1}
     # Without the study's explanation the policy's plan goes through as it is.
     assert machine.expecting(loop.policy["plan"], None) == (loop.policy["plan"], {})
+
+
+def test_a_proposal_that_serves_less_than_the_group_completes_says_so(world, store):
+    """The winner is predicted to serve 0.8 req/s a replica within the SLO; the group's one replica completed 420
+    requests in the last 5 minutes (1.4 req/s), and what arrives is at least that: the proposal says the change
+    alone will not restore the SLO. Requests of another group or project, or completed before the window, do not
+    count."""
+    assert policy(world, mode="propose")[0] == 200
+    loop = service.start_from_alert(page(world["alpha"]))
+    study = _done_study(loop, proposed={"max_num_seqs": 64})
+    study.result.update(best={**study.result["best"], "goodput": 0.8}, current_fresh={"goodput": 0.4})
+    study.save(update_fields=["result"])
+    now = timezone.now()
+    alpha, beta = world["alpha"].id, world["beta"].id
+    e2e = dt.timedelta(milliseconds=60_548)  # request_row's components with a minute of queue
+
+    def done_at(project_id: int, at: dt.datetime, group: str = "base") -> dict:
+        return request_row(project_id, at - e2e, queue=60_000.0, replica_group=group)
+
+    rows = [done_at(alpha, now - dt.timedelta(seconds=295 - i * 0.7)) for i in range(420)]
+    rows += [done_at(alpha, now - dt.timedelta(seconds=200), group="other") for _ in range(100)]
+    rows += [done_at(beta, now - dt.timedelta(seconds=200)) for _ in range(100)]
+    rows += [done_at(alpha, now - dt.timedelta(seconds=400)) for _ in range(50)]
+    insert_requests(store, rows)
+    try:
+        assert machine.advance(loop.id) == "proposed"
+    finally:
+        store.command(f"TRUNCATE TABLE {store.table('llm_requests')}")
+    loop.refresh_from_db()
+    assert ("the group completed 1.4 req/s over the last 5 minutes, more than its 1 replica(s) would serve within "
+            "the SLO (0.8 req/s): the change alone is predicted not to restore the SLO (about 2 replicas would)"
+            ) in loop.reason, loop.reason
+    proposed = loop.steps.get(step="proposed")
+    assert proposed.figures["shortfall"] == {"completed": 420, "window_seconds": 300.0, "completed_per_s": 1.4,
+                                             "replicas": 1, "goodput": 0.8, "capacity": 0.8, "replicas_needed": 2}
 
 
 def test_a_tick_while_another_creates_the_study_or_the_rollout_leaves_it_to_that_tick(world, monkeypatch):
