@@ -2,8 +2,9 @@
 
 - studying: start a tuning study on the group's recent traffic against the burning SLO, within the policy's knobs;
   when it is done, check the confidence the policy asks for (the study's engine model within its error bound, the
-  winner confirmed on replicas), take its proposal (knobs within their factors), then stop there (propose), ask
-  an admin (approve: a signed, expiring link in the notification) or start the rollout (auto);
+  winner confirmed on replicas), take its proposal (knobs within their factors; what it buys, and whether the
+  group already completes more than it would serve: ``shortfall``), then stop there (propose), ask an admin
+  (approve: a signed, expiring link in the notification) or start the rollout (auto);
 - awaiting_approval: expire when nobody decided in time;
 - rolling_out: start the rollout with the policy's plan once approved, each latency metric the study predicts the
   winner to worsen judged beyond that prediction (``expecting``); follow it to promoted (watch) or not
