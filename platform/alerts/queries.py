@@ -4,7 +4,7 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Mapping, Sequence
 
-from traces.store import ClickHouseStore, identifier
+from traces.store import ClickHouseStore, identifier, utc_naive
 
 try:  # one definition of each SLI's figure, and of an engine-served request, for evaluation and diagnosis
     from slo.queries import ENGINE_SERVED, METRIC_SQL
@@ -21,10 +21,6 @@ FILTER_DIMENSIONS = ("service", "model", "prompt_bucket", "engine_config", "repl
 CONTRIBUTOR_DIMENSIONS = ("model", "prompt_bucket", "engine_config", "replica_group")
 WINDOWS = ("burning", "baseline")
 _SETTINGS = " SETTINGS do_not_merge_across_partitions_select_final = 1"
-
-
-def _utc_naive(t: dt.datetime) -> dt.datetime:
-    return t.astimezone(dt.timezone.utc).replace(tzinfo=None) if t.tzinfo else t
 
 
 def filter_clause(filters: Mapping[str, object], *, include_cached: bool = False) -> tuple[str, dict]:
@@ -64,8 +60,8 @@ def bad_expression(sli: str | None, threshold_ms: float | None) -> tuple[str, di
 
 
 def _window_params(burning: tuple[dt.datetime, dt.datetime], baseline: tuple[dt.datetime, dt.datetime]) -> dict:
-    return {"b_since": _utc_naive(burning[0]), "b_until": _utc_naive(burning[1]),
-            "base_since": _utc_naive(baseline[0]), "base_until": _utc_naive(baseline[1])}
+    return {"b_since": utc_naive(burning[0]), "b_until": utc_naive(burning[1]),
+            "base_since": utc_naive(baseline[0]), "base_until": utc_naive(baseline[1])}
 
 
 _WINDOW_SQL = (

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 
-from traces.store import ClickHouseStore
+from traces.store import ClickHouseStore, utc_naive
 
 LONGEST = dt.timedelta(hours=1)  # a request that took longer than this to complete is not looked for
 
@@ -18,10 +18,6 @@ def completed(store: ClickHouseStore, project_id: int, group: str, since: dt.dat
         "AND toUnixTimestamp64Milli(start_time) + e2e_ms >= {since_ms:Float64} "
         "AND toUnixTimestamp64Milli(start_time) + e2e_ms < {until_ms:Float64}",
         project_id=project_id,
-        parameters={"group": group, "earliest": _utc_naive(since - LONGEST), "until": _utc_naive(until),
+        parameters={"group": group, "earliest": utc_naive(since - LONGEST), "until": utc_naive(until),
                     "since_ms": since.timestamp() * 1000.0, "until_ms": until.timestamp() * 1000.0})
     return int(rows[0][0]) if rows else 0
-
-
-def _utc_naive(t: dt.datetime) -> dt.datetime:
-    return t.astimezone(dt.timezone.utc).replace(tzinfo=None) if t.tzinfo else t

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 
-from traces.store import ClickHouseStore, identifier
+from traces.store import ClickHouseStore, identifier, utc_naive
 
 from .plan import LATENCY_METRICS
 
@@ -20,9 +20,5 @@ def group_requests(store: ClickHouseStore, project_id: int, groups: tuple[str, s
         "AND start_time < {until:DateTime64(6)} AND replica_group IN ({a:String}, {b:String}) "
         "ORDER BY start_time DESC LIMIT {limit:UInt32}",
         project_id=project_id,
-        parameters={"since": _utc_naive(since), "until": _utc_naive(until), "a": groups[0], "b": groups[1],
+        parameters={"since": utc_naive(since), "until": utc_naive(until), "a": groups[0], "b": groups[1],
                     "limit": int(limit)})
-
-
-def _utc_naive(t: dt.datetime) -> dt.datetime:
-    return t.astimezone(dt.timezone.utc).replace(tzinfo=None) if t.tzinfo else t

@@ -30,7 +30,7 @@ from typing import Any
 
 import orjson
 from traces.queries import ENGINE_SERVED
-from traces.store import ClickHouseStore
+from traces.store import ClickHouseStore, utc_naive
 
 from .burn import WindowCounts
 from .definitions import FILTER_DIMENSIONS
@@ -71,10 +71,6 @@ class SliDefinition:
     @property
     def counts_model_checks(self) -> bool:
         return self.sli == MODEL_ERROR_SLI
-
-
-def _utc_naive(t: dt.datetime) -> dt.datetime:
-    return t.astimezone(dt.timezone.utc).replace(tzinfo=None) if t.tzinfo else t
 
 
 def floor_time(t: dt.datetime, step: dt.timedelta) -> dt.datetime:
@@ -133,7 +129,7 @@ def dirty_hours(store: ClickHouseStore, project_id: int, keys: list[int], since:
         "WHERE t.version > b.source_version ORDER BY t.hour DESC, ks.k "
         "SETTINGS join_use_nulls = 0",
         project_id=project_id,
-        parameters={"since": _utc_naive(since), "settled": _utc_naive(settled_before), "keys": keys},
+        parameters={"since": utc_naive(since), "settled": utc_naive(settled_before), "keys": keys},
     )
     return [(int(k), hour, int(version)) for k, hour, version in rows]
 
@@ -159,10 +155,10 @@ def build_buckets(store: ClickHouseStore, project_id: int, definitions: list[Sli
     for i, key in enumerate(keys):
         params[f"key{i}"] = key
     params.update(
-        hours=[_utc_naive(h) for h in hours],
-        lo=_utc_naive(hours[0]),
-        hi=_utc_naive(hours[-1] + HOUR),
-        pairs=[(k, _utc_naive(h)) for k, h, _ in pairs if k in by_key],
+        hours=[utc_naive(h) for h in hours],
+        lo=utc_naive(hours[0]),
+        hi=utc_naive(hours[-1] + HOUR),
+        pairs=[(k, utc_naive(h)) for k, h, _ in pairs if k in by_key],
         version=version,
     )
     store.tenant_command(
@@ -203,13 +199,13 @@ def window_counts(store: ClickHouseStore, project_id: int, definitions: list[Sli
     """
     if not definitions or not windows:
         return {}
-    at = _utc_naive(at)
+    at = utc_naive(at)
     if at.microsecond or any(w % MINUTE for w in windows):
         raise ValueError("window counts need `at` on a whole second and windows of whole minutes")
     # Raw rows are counted per minute starting at `at`'s second, on which every window starts too.
     shift = (at - floor_time(at, MINUTE)).seconds
-    open_from = _utc_naive(open_from)
-    dirty = {(k, _utc_naive(h)) for k, h in dirty}
+    open_from = utc_naive(open_from)
+    dirty = {(k, utc_naive(h)) for k, h in dirty}
     keys = [d.key for d in definitions]
     longest = max(windows)
     lo = at - longest
@@ -325,7 +321,7 @@ def _raw_ranges(windows: list[dt.timedelta], at: dt.datetime, open_from: dt.date
 
 # -- engine model checks (the SLI engine_model_error) ------------------------------------------------------
 def _ms_time(t: dt.datetime) -> str:
-    return _utc_naive(t).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+    return utc_naive(t).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
 
 
 def insert_model_check(store: ClickHouseStore, project_id: int, check: dict) -> None:
@@ -358,7 +354,7 @@ def model_check_counts(store: ClickHouseStore, project_id: int, definitions: lis
     definitions = [d for d in definitions if d.counts_model_checks]
     if not definitions or not windows:
         return {}
-    at = _utc_naive(at)
+    at = utc_naive(at)
     windows = sorted(windows)
     thresholds = sorted({float(d.threshold) for d in definitions})
     params: dict[str, Any] = {"lo": at - windows[-1], "at": at, "starts": [at - w for w in windows]}
@@ -393,7 +389,7 @@ def model_check_summary(store: ClickHouseStore, project_id: int, *, groups: list
     """Per group, the live checks in [since, until): how many, how many above `threshold`, the latest one and the
     latest bad one (time, model, config version, worst, p50 TTFT and TPOT errors, requests, what moved); the groups
     with most bad checks first."""
-    params: dict[str, Any] = {"since": _utc_naive(since), "until": _utc_naive(until), "t": float(threshold)}
+    params: dict[str, Any] = {"since": utc_naive(since), "until": utc_naive(until), "t": float(threshold)}
     where = ""
     if groups:
         params["groups"] = list(groups)
@@ -459,7 +455,7 @@ def status_series(store: ClickHouseStore, project_id: int, slo_id: int, since: d
         "AND at >= {since:DateTime64(6)} AND at < {until:DateTime64(6)} ORDER BY at DESC LIMIT {limit:UInt32}) "
         "ORDER BY t",
         project_id=project_id,
-        parameters={"slo_id": slo_id, "since": _utc_naive(since), "until": _utc_naive(until), "limit": limit},
+        parameters={"slo_id": slo_id, "since": utc_naive(since), "until": utc_naive(until), "limit": limit},
     )
     out = []
     for t, state, firing_tier, severity, budget, burn_rates, totals, bads in rows:

@@ -1,6 +1,7 @@
 """The one module that talks to ClickHouse: chdb in-process (embedded) or a server over HTTP, with tenant-checked queries."""
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import re
 import threading
@@ -257,6 +258,12 @@ def _close_quietly(client) -> None:
         client.close()
     except Exception:  # closing a broken connection may fail too; nothing to do
         log.debug("closing a ClickHouse client failed", exc_info=True)
+
+
+def utc_naive(t: dt.datetime) -> dt.datetime:
+    """A time as a query parameter for a DateTime64 column: in UTC, without its zone (an aware time is converted, a
+    naive one is taken to be UTC already)."""
+    return t.astimezone(dt.timezone.utc).replace(tzinfo=None) if t.tzinfo else t
 
 
 def string_set(name: str, values: list) -> tuple[str, Any]:
