@@ -15,7 +15,9 @@ the prediction matches what was observed:
   scheduler takes first flips on the smallest change of a constant, and per request that noise is as large as the
   signal; soft-L1 loss, so a few outliers do not steer the fit;
 - a global pass (a scrambled Sobol sample of the constants, each within a factor of four of the starting
-  profile's, sixteen on the CPU build), then a local one (SciPy's Nelder-Mead from the best point), in log space;
+  profile's, sixteen on the CPU build), then a local one (SciPy's Nelder-Mead from each of the LOCAL_STARTS best
+  points, the lowest end kept: from the best alone, one of three windows of a known truth ended in another basin,
+  its MFU 7 % off), in log space;
 - the window's last fifth is never fitted: the model's ``held_out_error`` is its prediction error there, per
   figure (TTFT, TPOT, queue) and quantile (p50, p95): (predicted - observed) / observed, the queue's over the floor.
 
@@ -57,6 +59,8 @@ MIN_REQUESTS = 200  # requests with engine timings in the window (fewer: refused
 SAMPLE_REQUESTS = 1600  # scored requests replayed per objective evaluation (a longer slice is sampled)
 LEAD_SECONDS = 20.0  # replayed before each sampled stretch, not scored: the queue it finds
 BIN = 16  # consecutive requests whose mean figures are one residual each
+LOCAL_STARTS = 3  # the global pass's best points the local pass starts from
+XATOL, FATOL = 0.03, 0.05  # a local pass ends when its simplex spans under XATOL (log: 3 %) and its costs FATOL
 
 
 class FitError(ValueError):
@@ -117,21 +121,30 @@ def fitted_names(profile: HardwareProfile) -> list[str]:
     return [name for name in (CPU_FITTED if profile.api_server_serial else GPU_FITTED) if getattr(profile, name) > 0]
 
 
-def _request_of(index: int, row: Observed) -> SimRequest:
-    ids = None
-    if row.cached_tokens > 0:
-        # A shared prefix of the cached length (the simulator hashes whole blocks of token ids), then tokens of
-        # this request alone: the replay's prefix cache hits about where the engine's did.
-        ids = list(range(row.cached_tokens)) + [1_000_000 + index * 65_536 + k
-                                                for k in range(row.prompt_tokens - row.cached_tokens)]
+def _request_of(index: int, row: Observed, ids: tuple[int, ...] | None = None) -> SimRequest:
+    if ids is None and row.cached_tokens > 0:
+        ids = prompt_ids(index, row)
     return SimRequest(f"o{index}", row.prompt_tokens, max(1, row.output_tokens), row.arrival, prompt_token_ids=ids)
 
 
+def prompt_ids(index: int, row: Observed) -> tuple[int, ...] | None:
+    """The token ids a replay gives the ``index``-th row (None: a unique prompt, nothing cached): a shared prefix of
+    the cached length (the simulator hashes whole blocks of token ids), then tokens of this request alone, so the
+    replay's prefix cache hits about where the engine's did."""
+    if row.cached_tokens <= 0:
+        return None
+    own = 1_000_000 + index * 65_536
+    return tuple(range(row.cached_tokens)) + tuple(range(own, own + row.prompt_tokens - row.cached_tokens))
+
+
 def replay(config: EngineConfig, profile: HardwareProfile, rows: Sequence[Observed], *, seed: int = 0,
-           options: SimOptions | None = None) -> list[tuple[float, float | None, float] | None]:
-    """(engine TTFT ms, TPOT ms or None, queue ms) the simulator predicts for each row (None: it did not finish)."""
-    requests = [_request_of(i, row) for i, row in enumerate(rows)]
-    result = simulate(config, requests, hardware=profile, options=options or SimOptions(), seed=seed)
+           options: SimOptions | None = None,
+           ids: Sequence[tuple[int, ...] | None] | None = None) -> list[tuple[float, float | None, float] | None]:
+    """(engine TTFT ms, TPOT ms or None, queue ms) the simulator predicts for each row (None: it did not finish).
+    ``ids``: each row's ``prompt_ids``, built once by a caller that replays the same rows many times."""
+    requests = [_request_of(i, row, ids[i] if ids is not None else None) for i, row in enumerate(rows)]
+    result = simulate(config, requests, hardware=profile, options=options or SimOptions(), seed=seed,
+                      figures=False)
     out: list[tuple[float, float | None, float] | None] = []
     for request in requests:
         if request.first_token_time is None or request.scheduled_time is None:
@@ -171,6 +184,8 @@ class _Problem:
         self.config, self.base, self.names, self.seed = config, base, names, seed
         self.queue_floor = queue_floor_ms
         self.parts = [(rows[lead:end], start - lead) for lead, start, end in _stretches(rows, budget)]
+        # Each part's prompt ids, built once: a fit replays its parts a few hundred times.
+        self.ids = [[prompt_ids(i, row) for i, row in enumerate(part)] for part, _ in self.parts]
         self.scored = sum(len(part) - skip for part, skip in self.parts)
         self.evaluations = 0
 
@@ -185,8 +200,8 @@ class _Problem:
         self.evaluations += 1
         profile = self.profile(x)
         out: list[float] = []
-        for part, skip in self.parts:
-            predicted = replay(self.config, profile, part, seed=self.seed)
+        for (part, skip), ids in zip(self.parts, self.ids):
+            predicted = replay(self.config, profile, part, seed=self.seed, ids=ids)
             rows, guesses = part[skip:], predicted[skip:]
             for start in range(0, len(rows), BIN):
                 out.extend(_bin_residuals(rows[start:start + BIN], guesses[start:start + BIN], self.queue_floor))
@@ -370,7 +385,7 @@ def check(rows: Sequence[Observed], min_requests: int = MIN_REQUESTS) -> None:
 
 
 def fit(config: EngineConfig, rows: Sequence[Observed], *, base: HardwareProfile | None = None,
-        names: Sequence[str] | None = None, seed: int = 0, global_points: int = 16, local_starts: int = 1,
+        names: Sequence[str] | None = None, seed: int = 0, global_points: int = 16, local_starts: int = LOCAL_STARTS,
         max_evaluations: int = 100,
         budget: int = SAMPLE_REQUESTS, min_requests: int = MIN_REQUESTS,
         progress: Callable[[str], None] | None = None) -> Fit:
@@ -409,8 +424,8 @@ def fit(config: EngineConfig, rows: Sequence[Observed], *, base: HardwareProfile
     for start_cost, x0 in scored[:local_starts]:
         simplex = [list(x0)] + [[v + (0.2 if i == j else 0.0) for i, v in enumerate(x0)] for j in range(len(x0))]
         result = minimize(cost, x0, method="Nelder-Mead", bounds=list(zip(low, high)),
-                          options={"initial_simplex": simplex, "maxfev": max_evaluations, "xatol": 0.01,
-                                   "fatol": 0.02})
+                          options={"initial_simplex": simplex, "maxfev": max_evaluations, "xatol": XATOL,
+                                   "fatol": FATOL})
         if progress:
             progress(f"local pass from cost {start_cost:.4g}: {result.nfev} evaluations, cost {result.fun:.4g}")
         if result.fun < best_cost:

@@ -138,7 +138,7 @@ class SimulationResult:
 
     requests: list[SimRequest]
     rejected: list[tuple[SimRequest, str]]
-    summary: SimulationSummary
+    summary: SimulationSummary | None  # None when simulate() was asked for no figures
     engine: EngineCore
     engine_calls: int  # step/advance calls; fewer than summary.num_steps when runs of steps were skipped over
 
@@ -154,14 +154,17 @@ def simulate(
     skip: bool = True,
     stop: Callable[[float], bool] | None = None,
     stop_every: int = 64,
+    figures: bool = True,
 ) -> SimulationResult:
     """Run ``requests`` (each with its ``arrival_time``) through a fresh simulated engine in virtual time.
 
     ``skip=False`` steps the engine one step at a time (for checking the event skipping). ``stop(now)``, asked
     every ``stop_every`` engine calls, ends the run early when it returns True (the caller knows the outcome
-    already); unfinished requests stay unfinished.
+    already); unfinished requests stay unfinished. ``figures=False`` leaves out the run's summary (None) and the
+    inter-token samples it needs, for a caller that reads only the requests' own times (a replay): each step of a
+    run of decode steps is then not timed one by one.
     """
-    options = dataclasses.replace(options or SimOptions(), record_itl=True)
+    options = dataclasses.replace(options or SimOptions(), record_itl=True) if figures else (options or SimOptions())
     engine = EngineCore(config, hardware=hardware, model=model, options=options, seed=seed)
     options = engine.options  # with the hardware profile's API overhead filled in
     # Requests in arrival order; each reaches the engine core after its API work (admit): at once on a GPU host,
@@ -225,7 +228,8 @@ def simulate(
         if usage > kv_max:
             kv_max = usage
         now = out.end_time
-    summary = summarize(engine, accepted, rejected, options, busy=busy, kv_weighted=kv_weighted, kv_max=kv_max)
+    summary = summarize(engine, accepted, rejected, options, busy=busy, kv_weighted=kv_weighted, kv_max=kv_max) \
+        if figures else None
     return SimulationResult(requests=accepted, rejected=rejected, summary=summary, engine=engine, engine_calls=calls)
 
 
