@@ -121,9 +121,7 @@ def fitted_names(profile: HardwareProfile) -> list[str]:
     return [name for name in (CPU_FITTED if profile.api_server_serial else GPU_FITTED) if getattr(profile, name) > 0]
 
 
-def _request_of(index: int, row: Observed, ids: tuple[int, ...] | None = None) -> SimRequest:
-    if ids is None and row.cached_tokens > 0:
-        ids = prompt_ids(index, row)
+def _request_of(index: int, row: Observed, ids: tuple[int, ...] | None) -> SimRequest:
     return SimRequest(f"o{index}", row.prompt_tokens, max(1, row.output_tokens), row.arrival, prompt_token_ids=ids)
 
 
@@ -142,7 +140,9 @@ def replay(config: EngineConfig, profile: HardwareProfile, rows: Sequence[Observ
            ids: Sequence[tuple[int, ...] | None] | None = None) -> list[tuple[float, float | None, float] | None]:
     """(engine TTFT ms, TPOT ms or None, queue ms) the simulator predicts for each row (None: it did not finish).
     ``ids``: each row's ``prompt_ids``, built once by a caller that replays the same rows many times."""
-    requests = [_request_of(i, row, ids[i] if ids is not None else None) for i, row in enumerate(rows)]
+    if ids is None:
+        ids = [prompt_ids(i, row) for i, row in enumerate(rows)]
+    requests = [_request_of(i, row, row_ids) for i, (row, row_ids) in enumerate(zip(rows, ids))]
     result = simulate(config, requests, hardware=profile, options=options or SimOptions(), seed=seed,
                       figures=False)
     out: list[tuple[float, float | None, float] | None] = []

@@ -16,6 +16,7 @@ from engine.bench import traffic_fit as B
 from engine.config import EngineConfig
 from engine.sim import traffic_fit as F
 from engine.sim.profiles import hardware_profile
+from engine.sim.virtual import simulate
 
 # Pure simulation (~35 s): in the embedded suite, which the live calibration test (server suite) would otherwise
 # leave the shorter of the two.
@@ -88,6 +89,24 @@ def test_a_long_window_is_fitted_on_stretches_with_a_lead_in():
     for lead, start, end in stretches[1:]:
         assert rows[start].arrival - rows[lead].arrival == pytest.approx(F.LEAD_SECONDS, abs=0.11)
     assert F._stretches(rows[:5000], 2500) == [(0, 0, 5000)]
+
+
+def test_a_replay_without_figures_times_each_request_as_a_full_simulation_does():
+    """A fit's replays ask the simulator for no summary and no inter-token samples (simulate(figures=False)); each
+    request's queue, first and last token must come out exactly as in a run that records them."""
+    config, truth = B.group_config(), B.secret_profile()
+    rows = [F.Observed(a, p, o, c) for a, p, o, c in B.mixed(seed=5, count=150)]
+
+    def run(figures):
+        requests = [F._request_of(i, row, F.prompt_ids(i, row)) for i, row in enumerate(rows)]
+        result = simulate(config, requests, hardware=truth, figures=figures)
+        return result, [(r.scheduled_time, r.first_token_time, r.last_token_time, r.num_generated) for r in requests]
+
+    full, timed = run(True)
+    bare, same = run(False)
+    assert bare.summary is None and full.summary is not None and full.summary.completed == len(rows)
+    assert same == timed and all(t[2] is not None for t in same)
+    assert sum(1 for r in rows if r.cached_tokens) > 50  # the prefix cache is in play
 
 
 def test_a_queued_bin_is_scored_on_its_prefill_not_its_ttft():
