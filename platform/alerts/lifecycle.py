@@ -407,7 +407,7 @@ def slo_alert_spec(slo, evaluation, severity: str, tier) -> AlertSpec:
     if slo.sli == "error_ratio":
         what = "requests that do not fail"
     elif slo.sli == MODEL_ERROR_SLI:
-        what = f"live checks of the engine model within {slo.threshold:.0%} (p50 TTFT and TPOT)"
+        what = f"live checks of the engine model within {slo.threshold:.0%} (p50 prefill time and TPOT)"
     else:
         what = f"requests with {slo.sli} ≤ {slo.threshold_ms:g} ms"
     budget = evaluation.budget_remaining

@@ -1,6 +1,6 @@
 """Why an SLO on `engine_model_error` burns: the live checks of the group's engine model in the burning window, and
-what the latest bad one measured (its p50 TTFT and TPOT errors, and which per-step cost moved at the same batch
-sizes). The request-component diagnosis (diagnosis.py) does not apply: the events are checks of a model, not
+what the latest bad one measured (its p50 prefill-time and TPOT errors, the figures a check is judged on, and which
+per-step cost moved at the same batch sizes). The request-component diagnosis (diagnosis.py) does not apply: the events are checks of a model, not
 requests, and the checks already say what moved."""
 from __future__ import annotations
 
@@ -12,7 +12,12 @@ from traces.store import get_store
 
 from engine.sim import traffic_fit as F
 
-FIGURE_NAMES = {"ttft_p50_error": "p50 TTFT", "tpot_p50_error": "p50 TPOT"}
+# The figures a check is judged on (tuning/checks.py); a check written before prefill time was kept (ClickHouse
+# migration 0015) was judged on its p50 TTFT, which stands in for it.
+FIGURE_NAMES = {"prefill_p50_error": "p50 prefill time", "tpot_p50_error": "p50 TPOT"}
+EARLIER = {"prefill_p50_error": ("ttft_p50_error", "p50 TTFT")}
+LIVE_ERROR_KEYS = {"ttft_p50_error": "ttft_ms_p50", "prefill_p50_error": "prefill_ms_p50",
+                   "tpot_p50_error": "tpot_ms_p50"}
 
 
 def diagnose_model_checks(project_id: int, filters: Mapping, burning: tuple[dt.datetime, dt.datetime], *,
@@ -31,12 +36,17 @@ def _iso(t: dt.datetime) -> str:
 
 
 def _figures(check: Mapping) -> str:
-    """"p50 TPOT 38% under what was served, p50 TTFT 11% under" (the larger first)."""
-    named = sorted(((abs(check[k]), k) for k in FIGURE_NAMES if check.get(k) is not None), reverse=True)
+    """"p50 TPOT 38% under what was served, p50 prefill time 11% under" (the larger first)."""
+    judged = []
+    for key, name in FIGURE_NAMES.items():
+        if check.get(key) is None and key in EARLIER:
+            key, name = EARLIER[key]
+        if check.get(key) is not None:
+            judged.append((abs(check[key]), key, name))
     parts = []
-    for i, (_, key) in enumerate(named):
+    for i, (_, key, name) in enumerate(sorted(judged, reverse=True)):
         value = check[key]
-        parts.append(f"{FIGURE_NAMES[key]} {abs(value):.0%} {'under' if value < 0 else 'over'}"
+        parts.append(f"{name} {abs(value):.0%} {'under' if value < 0 else 'over'}"
                      + (" what was served" if i == 0 else ""))
     return ", ".join(parts) or "no p50 figure"
 
@@ -77,7 +87,7 @@ def build_model_check_diagnosis(found: list[dict], *, threshold: float, filters:
         "burning": {"since": _iso(burning[0]), "until": _iso(burning[1]), "checks": checks, "bad_checks": bad},
         "groups": found,
         "engine_model": latest_bad["model_id"] if latest_bad else None,
-        "live_error": ({"ttft_ms_p50": latest_bad["ttft_p50_error"], "tpot_ms_p50": latest_bad["tpot_p50_error"]}
+        "live_error": ({name: latest_bad[key] for key, name in LIVE_ERROR_KEYS.items() if latest_bad.get(key) is not None}
                        if latest_bad else None),
         "moved": moved,
         "dominant_component": cost,

@@ -206,8 +206,8 @@ class ErrorRatioSlo(_Definition):
 
 class EngineModelErrorSlo(_Definition):
     """An SLO on the engine model of a replica group: each live check of the group's newest model (every
-    TUNING_CALIBRATION_CHECK_SECONDS) is an event, good when its worst |error| on p50 TTFT and p50 TPOT is at or
-    under threshold."""
+    TUNING_CALIBRATION_CHECK_SECONDS) is an event, good when its worst |error| on p50 prefill time and p50 TPOT is at
+    or under threshold."""
 
     model_config = ConfigDict(json_schema_extra=_examples(MODEL_ERROR_EXAMPLE))
     sli: Literal["engine_model_error"]

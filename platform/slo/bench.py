@@ -77,7 +77,8 @@ def model_checks(groups: int, start: dt.datetime, end: dt.datetime) -> list[dict
         for g in range(groups):
             error = -0.3 if n % 13 == 0 else 0.05
             out.append({"at": at, "group": f"group-{g}", "model_id": g + 1, "config_version": "bench",
-                        "worst_error": abs(error), "ttft_p50_error": 0.02, "tpot_p50_error": error, "requests": 200,
+                        "worst_error": abs(error), "ttft_p50_error": 0.02, "prefill_p50_error": 0.02,
+                        "tpot_p50_error": error, "requests": 200,
                         "moved": {"decode": -error, "prefill": 0.01}})
             n += 1
         at += CHECK_INTERVAL

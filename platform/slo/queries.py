@@ -48,7 +48,7 @@ METRIC_SQL = {
 FILTER_COLUMNS = FILTER_DIMENSIONS  # columns of llm_requests
 MODEL_ERROR_SLI = "engine_model_error"
 MODEL_CHECK_COLUMNS = ("project_id", "ts", "replica_group", "model_id", "config_version", "worst_error",
-                       "ttft_p50_error", "tpot_p50_error", "requests", "moved")
+                       "ttft_p50_error", "prefill_p50_error", "tpot_p50_error", "requests", "moved")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -326,7 +326,7 @@ def _ms_time(t: dt.datetime) -> str:
 
 def insert_model_check(store: ClickHouseStore, project_id: int, check: dict) -> None:
     """One live check of a group's engine model: {at, group, model_id, config_version, worst_error, ttft_p50_error,
-    tpot_p50_error, requests, moved}."""
+    prefill_p50_error, tpot_p50_error, requests, moved}."""
     insert_model_checks(store, project_id, [check])
 
 
@@ -336,7 +336,8 @@ def insert_model_checks(store: ClickHouseStore, project_id: int, checks: list[di
         return
     lines = [orjson.dumps([
         project_id, _ms_time(check["at"]), check["group"], int(check["model_id"]), check["config_version"],
-        float(check["worst_error"]), check.get("ttft_p50_error"), check.get("tpot_p50_error"),
+        float(check["worst_error"]), check.get("ttft_p50_error"), check.get("prefill_p50_error"),
+        check.get("tpot_p50_error"),
         int(check.get("requests") or 0), {k: float(v) for k, v in (check.get("moved") or {}).items()},
     ]) for check in checks]
     store.insert_encoded("engine_model_checks", MODEL_CHECK_COLUMNS, b"\n".join(lines), "JSONCompactEachRow")
@@ -387,14 +388,15 @@ def model_check_counts(store: ClickHouseStore, project_id: int, definitions: lis
 def model_check_summary(store: ClickHouseStore, project_id: int, *, groups: list[str] | None, since: dt.datetime,
                         until: dt.datetime, threshold: float) -> list[dict]:
     """Per group, the live checks in [since, until): how many, how many above `threshold`, the latest one and the
-    latest bad one (time, model, config version, worst, p50 TTFT and TPOT errors, requests, what moved); the groups
+    latest bad one (time, model, config version, worst, p50 TTFT, prefill and TPOT errors, requests, what moved); the groups
     with most bad checks first."""
     params: dict[str, Any] = {"since": utc_naive(since), "until": utc_naive(until), "t": float(threshold)}
     where = ""
     if groups:
         params["groups"] = list(groups)
         where = " AND replica_group IN {groups:Array(String)}"
-    figures = ("model_id", "config_version", "worst_error", "ttft_p50_error", "tpot_p50_error", "requests", "moved")
+    figures = ("model_id", "config_version", "worst_error", "ttft_p50_error", "prefill_p50_error", "tpot_p50_error",
+               "requests", "moved")
     bad = "worst_error > {t:Float64}"
     rows = store.query(
         "SELECT replica_group, count(), countIf(" + bad + "), toUnixTimestamp64Milli(max(ts)), "

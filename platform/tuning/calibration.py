@@ -358,8 +358,8 @@ def refresh_live_error(model: EngineModel, now: dt.datetime | None = None) -> bo
     errors = {**seen.error, **seen.prefill}
     EngineModel.objects.filter(id=model.id).update(live_error=errors, live_curves=seen.curves,
                                                    live_moved=seen.moved, live_requests=len(rows), live_at=now)
-    checks.record(model, seen.error, seen.moved, len(rows), now)  # an event of the SLI engine_model_error
     worst = live_worst(errors)
+    checks.record(model, errors, worst, seen.moved, len(rows), now)  # an event of the SLI engine_model_error
     drifting = worst is not None and worst > cfg("MODEL_ERROR_BOUND")
     if drifting:
         log.warning("engine model %s of %s/%s drifts: live error %.0f %% (bound %.0f %%): %s", model.id,
