@@ -3,7 +3,8 @@
     python -m tuning.bench_vllm [--minutes 10] [--heldout-seconds 120] [--no-study] [--model DIR] [--json FILE]
 
 Needs vLLM's CPU build and the study-size tiny model (``make bench-vllm`` has both). It starts a platform in
-embedded mode whose fleet is one group of real ``vllm serve`` (gpu_type CPU, the study-size tiny Llama), sends
+embedded mode whose fleet is one group of real ``vllm serve`` (gpu_type CPU, the study-size tiny Llama), measures what
+the group serves when kept busy (on a slower host every rate below is scaled down by it: ``REFERENCE_CAPACITY``), sends
 ``--minutes`` of mixed Poisson traffic through the gateway with ``python -m engine.loadgen`` (one minute per
 segment, cycling through the rates and length mixes of ``TRAINING``), and calibrates the group's engine model from
 it through the API (``POST /api/v1/engine-models``). Then it serves two held-out workloads, another rate and another
@@ -44,6 +45,7 @@ from typing import Any
 
 from benchkit.harness import ROOT, PlatformProcess, free_port, free_port_pair
 
+from engine.cli_args import positive_float
 from engine.launcher.vllm_command import find_vllm_executable
 from engine.sim import traffic_fit as F
 
@@ -71,6 +73,11 @@ class Load:
                 str(self.seed), "--input-len", self.input_len, "--output-len", self.output_len, "--timeout", "120",
                 "--quiet"]
 
+    def scaled(self, scale: float) -> Load:
+        """The same load at ``scale`` times its rate."""
+        return self if scale == 1.0 else dataclasses.replace(
+            self, rate=round(self.rate * scale, 3), what=f"{self.what}, scaled to {self.rate * scale:.2f} req/s")
+
 
 # The calibration traffic: one minute each, in this order, cycled for --minutes. The rates stay well under what
 # the group serves on a quiet host (a first version at 2-7 req/s saturated it while other work shared the cores:
@@ -89,6 +96,20 @@ HELDOUT = (
     Load("lengths", 1.5, "64:256", "32:96", 22, "mid-length prompts and answers at 1.5 req/s (a mix the traffic "
          "never had)"),
 )
+
+
+# The rates above were chosen on quiet 2-core hosts with AVX-512. On such a host the probe below (after the warm-up:
+# the chat-length mix, CAPACITY_CONCURRENCY requests at a time, CAPACITY_REQUESTS in all) measured 11.3-20.6 req/s over
+# six runs (2026-11-30). A host that serves less (an AVX2-only one prefilled several times slower and saturated at these
+# rates: TTFT p50 17-47 s, requests timing out) gets every rate scaled by its capacity over REFERENCE_CAPACITY, the low
+# end of those runs, and never up, so the traffic stays about as far below what the group serves as where the rates
+# were chosen. The traffic then runs until it has served MIN_TRAFFIC_REQUESTS (at most three times --minutes), so the
+# calibration has the 200 requests it needs, and each held-out run lasts --heldout-seconds / scale, so it holds as many
+# requests as unscaled (an evaluation needs 50).
+REFERENCE_CAPACITY = 10.0
+CAPACITY_CONCURRENCY = 16
+CAPACITY_REQUESTS = 160
+MIN_TRAFFIC_REQUESTS = 300
 
 
 # The study after the held-out runs: the group's knobs searched in the simulator with the traffic-calibrated model,
@@ -160,6 +181,19 @@ class Platform:
                 raise RuntimeError(f"the load {load.name} failed ({done.returncode}): {done.stderr[-2000:]}")
             summary = json.loads(Path(out.name).read_text())["summary"]
         return since, until, summary
+
+    def capacity(self) -> dict:
+        """The chat-length mix sent CAPACITY_CONCURRENCY at a time, CAPACITY_REQUESTS in all: the load generator's
+        summary, whose request_throughput is what the group serves when it is kept busy."""
+        with tempfile.NamedTemporaryFile(suffix=".json") as out:
+            argv = [sys.executable, "-m", "engine.loadgen", "--base-url", f"http://{self.gateway}/v1", "--model",
+                    SERVED_NAME, "--rate", "inf", "--num-requests", str(CAPACITY_REQUESTS), "--max-concurrency",
+                    str(CAPACITY_CONCURRENCY), "--seed", "2", "--input-len", SHORT[0], "--output-len", SHORT[1],
+                    "--timeout", "300", "--quiet", "--json", out.name]
+            done = subprocess.run(argv, cwd=ROOT, env=self.process.env, capture_output=True, text=True, timeout=900)
+            if done.returncode != 0:
+                raise RuntimeError(f"the capacity probe failed ({done.returncode}): {done.stderr[-2000:]}")
+            return json.loads(Path(out.name).read_text())["summary"]
 
     def settle(self) -> None:
         """The last spans exported (vLLM's batch exporter: 0.2 s), ingested and decomposed."""
@@ -236,10 +270,18 @@ def _load_average() -> str:
     return "/".join(f"{value:.1f}" for value in os.getloadavg())
 
 
+def rate_scale(capacity: float) -> float:
+    """How much to scale the bench's rates on a host whose group serves ``capacity`` req/s of the chat-length mix."""
+    if not math.isfinite(capacity) or capacity <= 0:
+        raise RuntimeError(f"the capacity probe measured {capacity} req/s: the group served nothing")
+    return min(1.0, capacity / REFERENCE_CAPACITY)
+
+
 def run(*, minutes: float, heldout_seconds: float, model: str, executable: str, log=print,
-        keep: bool = False, study: bool = True) -> dict[str, Any]:
+        keep: bool = False, study: bool = True, scale: float | None = None) -> dict[str, Any]:
     """The whole bench; every figure in a dict (``report`` prints it). ``keep``: leave the platform's data directory
-    (its trace store holds every request) and vLLM's log behind."""
+    (its trace store holds every request) and vLLM's log behind. ``scale``: the rates' scale, instead of the one the
+    capacity probe gives."""
     root = Path(tempfile.mkdtemp(prefix="bench-calibration-vllm-"))
     platform = Platform(root, fleet_yaml(root, model, executable))
     started, load_before = time.monotonic(), _load_average()
@@ -248,15 +290,23 @@ def run(*, minutes: float, heldout_seconds: float, model: str, executable: str, 
         log(f"# platform and real vLLM up in {time.monotonic() - started:.0f} s ({root}); load average "
             f"{_load_average()} (1/5/15 min, {os.cpu_count()} cores)")
         platform.serve(Load("warm-up", 2.0, *SHORT, 1, "warm-up"), 10)  # one-off allocations, outside the window
+        probe = platform.capacity()
+        measured_scale = rate_scale(probe["request_throughput"])
+        scale = measured_scale if scale is None else scale
+        log(f"# capacity: {probe['request_throughput']:.2f} req/s of chat-length prompts {CAPACITY_CONCURRENCY} at a "
+            f"time (reference {REFERENCE_CAPACITY:g}; {_served(probe)}): rates scaled by {scale:.2f}")
         time.sleep(2)
         segments = max(1, round(minutes))
         traffic_since = dt.datetime.now(dt.timezone.utc)
-        sent = 0
-        for index in range(segments):
-            load = TRAINING[index % len(TRAINING)]
+        sent, index = 0, 0
+        while index < segments or (sent < MIN_TRAFFIC_REQUESTS and index < 3 * segments):
+            load = TRAINING[index % len(TRAINING)].scaled(scale)
             _, _, summary = platform.serve(load, 60 * minutes / segments)
             sent += summary["completed"]
-            log(f"# traffic {index + 1}/{segments}: {load.what}: {_served(summary)}; load average {_load_average()}")
+            index += 1
+            count = f"{index}/{segments}" if index <= segments else \
+                f"{index} ({sent} of the {MIN_TRAFFIC_REQUESTS} requests wanted)"
+            log(f"# traffic {count}: {load.what}: {_served(summary)}; load average {_load_average()}")
         platform.settle()
         asked = time.monotonic()
         fitted = platform.calibrate(traffic_since)
@@ -267,8 +317,8 @@ def run(*, minutes: float, heldout_seconds: float, model: str, executable: str, 
                 for name, value in sorted(fitted["constants"].items())))
         windows: dict[str, list[tuple[dt.datetime, dt.datetime, dict]]] = {load.name: [] for load in HELDOUT}
         for _ in range(2):
-            for load in HELDOUT:
-                since, until, summary = platform.serve(load, heldout_seconds)
+            for load in HELDOUT:  # at a scaled rate, for longer: as many requests as the unscaled run holds
+                since, until, summary = platform.serve(load.scaled(scale), heldout_seconds / scale)
                 windows[load.name].append((since, until, summary))
                 log(f"# held out {load.name} run {len(windows[load.name])}: {_served(summary)}; load average "
                     f"{_load_average()}")
@@ -293,6 +343,7 @@ def run(*, minutes: float, heldout_seconds: float, model: str, executable: str, 
     if not keep:
         shutil.rmtree(root, ignore_errors=True)
     return {"minutes": minutes, "heldout_seconds": heldout_seconds, "traffic_requests": sent, "model": fitted,
+            "capacity": probe["request_throughput"], "rate_scale": scale, "traffic_minutes": index * minutes / segments,
             "fit_wall_seconds": fit_wall, "workloads": workloads, "study": studied,
             "seconds": time.monotonic() - started,
             "load_average": {"start": load_before, "end": _load_average()}}
@@ -327,7 +378,11 @@ def _pct(value: float | None) -> str:
 def report(result: dict[str, Any], out=print) -> None:
     model = result["model"]
     out(f"# real vLLM (CPU build, {SERVED_NAME}), group {GROUP}: {result['traffic_requests']} requests of mixed "
-        f"Poisson traffic in {result['minutes']:g} min; held-out runs of {result['heldout_seconds']:g} s, each twice")
+        f"Poisson traffic in {result['traffic_minutes']:g} min; held-out runs of "
+        f"{result['heldout_seconds'] / result['rate_scale']:g} s, each twice; rates scaled by {result['rate_scale']:.2f} (capacity {result['capacity']:.2f} req/s, reference "
+        f"{REFERENCE_CAPACITY:g})")
+    out(f"BENCH vllm_traffic_capacity_req_per_s={result['capacity']:.2f} req/s (chat-length prompts, "
+        f"{CAPACITY_CONCURRENCY} at a time; the rates' scale {result['rate_scale']:.2f})")
     out(f"BENCH vllm_traffic_fit_seconds={model['fit_seconds']:.1f} s ({model['fit_requests']} requests fitted, "
         f"{model['held_out_requests']} held out; {result['fit_wall_seconds']:.1f} s from the API call to fitted)")
     out(f"BENCH vllm_traffic_fit_held_out_slice_within_20pct={within(model['held_out_error'])}/"
@@ -395,12 +450,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tuning.bench_vllm", description=__doc__.split("\n\n")[0])
     parser.add_argument("--minutes", type=float, default=10.0, help="minutes of calibration traffic (default 10)")
     parser.add_argument("--heldout-seconds", type=float, default=120.0,
-                        help="seconds of each held-out run (two workloads, two runs each; default 120)")
+                        help="seconds of each held-out run at the unscaled rates, longer by 1/scale where the rates "
+                             "are scaled (two workloads, two runs each; default 120)")
     parser.add_argument("--model", default=str(ROOT / ".data" / "models" / "tiny-study"),
                         help="the model directory (python -m engine tiny-model DIR --size study)")
     parser.add_argument("--json", default=None, help="also write every figure to this file")
     parser.add_argument("--no-study", action="store_true",
                         help="skip the tuning study on the calibrated model and its confirmation on real vLLM")
+    parser.add_argument("--rate-scale", type=positive_float, default=None,
+                        help="scale every rate by this instead of by the measured capacity over the reference")
     parser.add_argument("--keep", action="store_true",
                         help="keep the platform's data directory (every request in its trace store) and vLLM's log")
     args = parser.parse_args(argv)
@@ -413,7 +471,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: no model in {model}: run `make tiny-models`", file=sys.stderr)
         return 2
     result = run(minutes=args.minutes, heldout_seconds=args.heldout_seconds, model=model, executable=executable,
-                 log=lambda line: print(line, flush=True), keep=args.keep, study=not args.no_study)
+                 log=lambda line: print(line, flush=True), keep=args.keep, study=not args.no_study,
+                 scale=args.rate_scale)
     report(result)
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2, default=str) + "\n", encoding="utf-8")
