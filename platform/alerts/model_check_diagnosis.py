@@ -1,7 +1,7 @@
 """Why an SLO on `engine_model_error` burns: the live checks of the group's engine model in the burning window, and
 what the latest bad one measured (its p50 prefill-time and TPOT errors, the figures a check is judged on, and which
-per-step cost moved at the same batch sizes). The request-component diagnosis (diagnosis.py) does not apply: the events are checks of a model, not
-requests, and the checks already say what moved."""
+per-step cost moved at the same batch sizes). The request-component diagnosis (diagnosis.py) does not apply: the
+events are checks of a model, not requests, and the checks already say what moved."""
 from __future__ import annotations
 
 import datetime as dt
@@ -87,8 +87,8 @@ def build_model_check_diagnosis(found: list[dict], *, threshold: float, filters:
         "burning": {"since": _iso(burning[0]), "until": _iso(burning[1]), "checks": checks, "bad_checks": bad},
         "groups": found,
         "engine_model": latest_bad["model_id"] if latest_bad else None,
-        "live_error": ({name: latest_bad[key] for key, name in LIVE_ERROR_KEYS.items() if latest_bad.get(key) is not None}
-                       if latest_bad else None),
+        "live_error": ({name: latest_bad[key] for key, name in LIVE_ERROR_KEYS.items()
+                        if latest_bad.get(key) is not None} if latest_bad else None),
         "moved": moved,
         "dominant_component": cost,
         "dominant_reason": f"{F.COSTS[cost]} {moved[cost] * 100:+.0f} % at the same batch sizes" if cost else None,
