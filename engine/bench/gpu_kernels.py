@@ -40,6 +40,18 @@ from collections.abc import Sequence
 from engine.sim.cost_model import StepCostModel
 from engine.sim.profiles import HardwareProfile, ModelProfile, hardware_profile, model_profile
 
+# Both optional: the comparison runs anywhere, without PyTorch (--from-json); vLLM's virtualenv, where the passes run
+# on a CPU to check this program, has PyTorch and no SciPy (no fit then).
+try:
+    import torch
+    import torch.nn.functional as functional
+except ImportError:
+    torch = functional = None
+try:
+    from scipy.optimize import least_squares
+except ImportError:
+    least_squares = None
+
 PREFILL_TOKENS = (256, 512, 1024, 2048, 4096, 8192)
 # (batch, context) of the decode steps: batch 1 reads the weights alone; the large batches read as much KV.
 DECODE_SHAPES = ((1, 512), (1, 4096), (8, 1024), (32, 1024), (64, 1024), (128, 1024), (256, 512), (256, 1024),
@@ -117,9 +129,7 @@ def compare(result: dict) -> list[str]:
 def fit_constants(model: ModelProfile, hardware: HardwareProfile,
                   observed: Sequence[tuple[tuple[int, int, float, float], float]]) -> dict[str, float] | None:
     """MFU, bandwidth efficiency and serial fraction that best explain the measured passes (SciPy; None without)."""
-    try:
-        from scipy.optimize import least_squares
-    except ImportError:
+    if least_squares is None:
         return None
 
     def residuals(x):
@@ -137,9 +147,8 @@ def fit_constants(model: ModelProfile, hardware: HardwareProfile,
 def measure(model_name: str, gpu_type: str, *, prefill: Sequence[int], decode: Sequence[tuple[int, int]],
             repeats: int, device: str = "cuda") -> dict:
     """Time the passes; the weights are random, so only the times mean anything."""
-    import torch
-    import torch.nn.functional as functional
-
+    if torch is None:
+        raise SystemExit("this bench times the passes with PyTorch, which is not installed here")
     model = model_profile(model_name)
     if model.is_moe:
         raise SystemExit(f"{model_name} is a mixture of experts; this bench builds dense decoders only")

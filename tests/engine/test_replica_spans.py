@@ -129,11 +129,12 @@ def test_streamed_latencies_match_what_the_client_measured(replica_and_spans):
         assert e2e <= client_total + 0.005
         ttft_gaps.append(client_ttft - ttft)
         e2e_gaps.append(client_total - e2e)
-    # Nor materially later, request after request (the median of three: a CI run on a loaded machine saw one
-    # request reach the replica's thread 173 ms after the client sent it; an under-report by the replica would
-    # show in every request).
-    assert statistics.median(ttft_gaps) < 0.025, ttft_gaps
-    assert statistics.median(e2e_gaps) < 0.025, e2e_gaps
+    # Nor materially later: an under-report by the replica would show in every request, so the smallest gap of the
+    # three must be small. A loaded machine delays some requests, not all: CI runs saw one request reach the
+    # replica's thread 173 ms after the client sent it, and two of three first tokens reach the client 160 and
+    # 290 ms after the replica wrote them (the third 1 ms), with both suites running on two cores.
+    assert min(ttft_gaps) < 0.025, ttft_gaps
+    assert min(e2e_gaps) < 0.025, e2e_gaps
 
 
 def test_e2e_decomposes_into_overhead_queue_prefill_decode(replica_and_spans):
