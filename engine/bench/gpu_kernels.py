@@ -74,17 +74,6 @@ def roofline(model: ModelProfile, hardware: HardwareProfile) -> StepCostModel:
     return StepCostModel(model, bare)
 
 
-def pass_flops_and_bytes(model: ModelProfile, cost: StepCostModel, shape: tuple[int, int, float, float]
-                         ) -> tuple[float, float]:
-    """The FLOPs and HBM bytes the simulator counts for a pass (one GPU, weights in the model's dtype)."""
-    tokens, logits, pairs, kv_read = shape
-    flops = (2.0 * model.active_body_params * tokens + 2.0 * model.hidden_size * model.vocab_size * logits
-             + 4.0 * model.num_layers * model.num_attention_heads * model.head_dim * pairs)
-    nbytes = (cost.weight_bytes(tokens) + (kv_read + tokens) * cost.kv_bytes_per_token
-              + tokens * 4.0 * model.num_layers * model.hidden_size * 2)
-    return flops, nbytes
-
-
 def compare(result: dict) -> list[str]:
     """BENCH lines and a table: each measured pass beside the profile's roofline."""
     model = model_profile(result["model"])
@@ -102,7 +91,7 @@ def compare(result: dict) -> list[str]:
         measured = entry["ms"] / 1e3
         error = predicted / measured - 1.0
         worst = max(worst, abs(error))
-        flops, nbytes = pass_flops_and_bytes(model, cost, shape)
+        flops, nbytes = cost.pass_flops(*shape[:3]), cost.pass_bytes(shape[0], shape[3])
         rows.append((entry, shape, measured, flops, nbytes))
         label = (f"prefill {entry['tokens']}" if entry["kind"] == "prefill"
                  else f"decode {entry['batch']}x{entry['context']}")

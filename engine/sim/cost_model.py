@@ -104,6 +104,16 @@ class StepCostModel:
             return self._flops_rate
         return self._flops_rate * num_tokens / (num_tokens + self._saturation)
 
+    def pass_flops(self, num_tokens: int, num_logits: int, attention_pairs: float) -> float:
+        """The FLOPs a pass computes per rank, as pass_time counts them (which inlines this: it runs every step)."""
+        return (num_tokens * self._flops_per_token + num_logits * self._flops_per_logit
+                + attention_pairs * self._flops_per_pair)
+
+    def pass_bytes(self, num_tokens: int, kv_read_tokens: float) -> float:
+        """The bytes a pass moves per rank, as pass_time counts them (which inlines this)."""
+        return (self.weight_bytes(num_tokens) + (kv_read_tokens + num_tokens) * self.kv_bytes_per_token
+                + num_tokens * self._act_bytes_per_token)
+
     def pass_time(self, num_tokens: int, num_logits: int, attention_pairs: float, kv_read_tokens: float) -> float:
         """Seconds for one forward pass; zero tokens cost nothing."""
         if num_tokens <= 0:

@@ -52,7 +52,7 @@ def test_the_comparison_is_exact_on_the_profiles_own_roofline_and_its_fit_recove
     assert figures["gpu_kernels_decode_bandwidth_efficiency"] == pytest.approx(0.88, rel=0.15)
 
 
-def test_an_unknown_gpu_type_is_refused_before_any_work(capsys):
+def test_an_unknown_gpu_type_is_refused_before_any_work():
     with pytest.raises(Exception, match="no hardware profile for GPU type 'B300'"):
         bench.main(["--gpu-type", "B300", "--device", "cpu"])
 
