@@ -308,7 +308,8 @@ def curves(rows: Sequence[Observed], predicted: Sequence) -> dict[str, dict[str,
 
 # The costs a drift can move, as the replay tells them apart: requests replayed at their observed arrivals run
 # in about the batches they ran in, so a decode step that takes longer than the model's at the same batch sizes
-# shows as TPOT above the replay's, and a slower prefill as the engine's TTFT less its queue above the replay's.
+# shows as TPOT above the replay's, and a slower prefill as the engine's TTFT less its queue above the replay's. The
+# two figures share steps, so attribute() tells which cost a change of both comes from.
 COSTS = {"decode": "decode step time", "prefill": "prefill time"}
 
 
@@ -327,6 +328,82 @@ def moved_costs(rows: Sequence[Observed], predicted: Sequence) -> dict[str, floa
             sums["prefill"][1] += _prefill(guess[0], guess[2])
     return {cost: round(observed / predicted - 1.0, 4) for cost, (observed, predicted) in sums.items()
             if observed > 0 and predicted > 0}
+
+
+# The constant that stands for each cost when a replay asks whether that cost alone explains both figures: a decode
+# step's per-sequence work (output processing on the host) or its reads (the weights and KV from memory); a prefill's
+# compute.
+EXPLAINED_BY = {"decode": ("sequence_overhead", "bandwidth_efficiency"), "prefill": ("mfu",)}
+ATTRIBUTE_MAX_ROWS = 4000  # the latest requests the attribution's replays take (three replays of them)
+_OTHER = {"decode": "prefill", "prefill": "decode"}
+
+
+def _knob_value(profile: HardwareProfile, name: str, change: float, tpot_ms: float) -> float | None:
+    """A first value of ``name`` that moves its cost by about ``change`` (linear: the attribution scales what it does)
+    or None when it cannot move that way."""
+    value = getattr(profile, name)
+    if name == "sequence_overhead":  # additive: a step of n sequences costs n · it more; n of about four
+        moved = max(0.0, value + change * tpot_ms * 1e-3 / 4.0)
+    elif value <= 0.0:
+        return None
+    else:  # an efficiency: the cost it bounds takes 1 / it
+        low, high = BOUNDS[name]
+        moved = min(high, max(low, value / (1.0 + change)))
+    return moved if abs(moved - value) > 1e-12 else None
+
+
+def attribute(config: EngineConfig, profile: HardwareProfile, rows: Sequence[Observed], predicted: Sequence,
+              moved: dict[str, float], *, seed: int = 0, at: float = MOVED_AT) -> dict[str, float]:
+    """Each cost's own change, where moved_costs gives each figure's. The figures are not independent: a request's
+    prefill runs in steps that carry the running sequences' decodes, and a decode step sharing its batch with a
+    prefill chunk waits for it; so one cost that moved moves both figures (3 ms more per running sequence read as
+    decode +55 %, prefill +56 %). When either moved by ``at`` or more, the replay is rerun with each cost's constant
+    (EXPLAINED_BY) changed alone, and its effect scaled to match that cost's own figure; the explanation that leaves
+    the other figure least unexplained names the cost that moved, and the other keeps only the change that is left
+    (observed / what the explanation predicts - 1). Otherwise, or when no explanation leaves less, ``moved`` as is.
+    Rows in time order; ``predicted`` is their replay with ``profile``."""
+    if len(moved) < 2 or all(abs(change) < at for change in moved.values()):
+        return moved
+    rows = list(rows)
+    if len(rows) > ATTRIBUTE_MAX_ROWS:
+        rows = rows[-ATTRIBUTE_MAX_ROWS:]
+        predicted = replay(config, profile, rows, seed=seed)
+        moved = moved_costs(rows, predicted)
+        if len(moved) < 2 or all(abs(change) < at for change in moved.values()):
+            return moved
+    ids = [prompt_ids(i, row) for i, row in enumerate(rows)]
+    timed = [guess[1] for guess in predicted if guess is not None and guess[1] is not None]
+    tpot_ms = sum(timed) / len(timed) if timed else 0.0
+    best: tuple[float, str, float] | None = None  # (|what is left of the other|, the cost, what is left)
+    for cost in moved:
+        other = _OTHER[cost]
+        if other not in moved:
+            continue
+        for name in EXPLAINED_BY[cost]:
+            value = _knob_value(profile, name, moved[cost], tpot_ms)
+            if value is None:
+                continue
+            # With the constant changed, the observed figures' change from the new replay: r' = (1 + r) / (1 + e) - 1
+            # for the effect e on the prediction, so e = (1 + r) / (1 + r') - 1.
+            shifted = moved_costs(rows, replay(config, profile.with_constants(**{name: value}), rows, seed=seed,
+                                               ids=ids))
+            if cost not in shifted or other not in shifted:
+                continue
+            own = (1.0 + moved[cost]) / (1.0 + shifted[cost]) - 1.0
+            side = (1.0 + moved[other]) / (1.0 + shifted[other]) - 1.0
+            # The constant has to move its own cost the way it moved, and enough that scaling it up is fair.
+            if own * moved[cost] <= 0 or abs(own) < 0.3 * abs(moved[cost]):
+                continue
+            scale = moved[cost] / own
+            if 1.0 + side * scale <= 0:
+                continue
+            left = (1.0 + moved[other]) / (1.0 + side * scale) - 1.0
+            if best is None or abs(left) < best[0]:
+                best = (abs(left), cost, left)
+    if best is None or best[0] >= abs(moved[_OTHER[best[1]]]):
+        return moved
+    _, cost, left = best
+    return {cost: moved[cost], _OTHER[cost]: round(left, 4)}
 
 
 def diagnosis(moved: dict[str, float], *, at: float = MOVED_AT) -> str:
@@ -360,8 +437,9 @@ def compare(config: EngineConfig, profile: HardwareProfile, rows: Sequence[Obser
     """Replay ``rows`` (the latest traffic) with the model's profile and compare: errors, curves, moved costs."""
     ordered = sorted(rows, key=lambda r: r.arrival)
     predicted = replay(config, profile, ordered, seed=seed)
+    moved = attribute(config, profile, ordered, predicted, moved_costs(ordered, predicted), seed=seed)
     return Comparison(error=prediction_error(ordered, predicted, queue_floor_ms), curves=curves(ordered, predicted),
-                      moved=moved_costs(ordered, predicted), requests=len(ordered),
+                      moved=moved, requests=len(ordered),
                       prefill=prefill_error(ordered, predicted))
 
 

@@ -6,7 +6,7 @@ any other (pending for its severity's period, then firing to the project's chann
 included) and resolves when the error is back under the bound, or when a newer model fits the traffic again.
 
 Its diagnosis is known when it is raised: which per-step cost moved at the same batch sizes
-(engine/sim/traffic_fit.moved_costs), the largest first ("decode step time +35 % at the same batch sizes").
+(engine/sim/traffic_fit.attribute), the largest first ("decode step time +35 % at the same batch sizes").
 
 One alert per (project, group, severity): the key is the group, whatever model or config version measured it.
 """

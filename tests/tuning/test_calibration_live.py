@@ -156,8 +156,9 @@ def test_a_slower_decode_mid_run_raises_the_error_and_fires_a_drift_alert_naming
         assert status == 201, channel
         # The group's decode slows down mid-run: each running sequence costs 3 ms more per step (the per-sequence
         # output processing vLLM does in Python, as on a host CPU a noisy neighbour starves), from the replica's
-        # next step on. Nobody tells the platform. (A lower bandwidth would slow this L4's short prefills as much
-        # as its decodes: both memory-bound.)
+        # next step on. Nobody tells the platform. A request's prefill runs in steps that carry those sequences, so
+        # its prefill time rises about as much as the TPOT (+55 % each in one run); the diagnosis has to tell that
+        # the per-sequence cost of decoding explains both (traffic_fit.attribute) and name decode.
         replica = f"http://127.0.0.1:{world.ports.replicas}/sim/hardware"
         slower = {**SECRET, "sequence_overhead": 0.003}
         request = urllib.request.Request(replica, data=json.dumps(slower).encode(), method="POST",
@@ -179,7 +180,7 @@ def test_a_slower_decode_mid_run_raises_the_error_and_fires_a_drift_alert_naming
         assert live["error"] and live["error"]["tpot_ms_p50"] < -0.2, ({k: live[k] for k in ("error", "moved")},
                                                                        model["held_out_error"])
         assert abs(model["held_out_error"]["tpot_ms_p50"]) <= 0.15
-        assert live["moved"]["decode"] > 0.2 and live["moved"]["decode"] > abs(live["moved"]["prefill"]), \
+        assert live["moved"]["decode"] > 0.2 and live["moved"]["decode"] > 2 * abs(live["moved"]["prefill"]), \
             {k: live[k] for k in ("error", "moved")}
         assert live["diagnosis"].startswith("decode step time +"), live
 
