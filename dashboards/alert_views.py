@@ -18,6 +18,8 @@ from django.views.decorators.http import require_http_methods
 from loops.models import Loop
 from notify.models import Delivery
 
+from engine.sim import traffic_fit as F
+
 from .access import Viewer, page
 from .inputs import validate
 from .views import _base
@@ -65,6 +67,32 @@ def _bars(diagnosis: dict | None) -> list[dict]:
     return items
 
 
+# An engine model's live error, as the drift alert and the SLI engine_model_error diagnose it: the figures in this
+# order, those a check is judged on first (tuning.calibration.LIVE_GATED).
+MODEL_FIGURES = (("prefill_ms_p50", "p50 prefill time", True), ("tpot_ms_p50", "p50 TPOT", True),
+                 ("ttft_ms_p50", "p50 TTFT", False), ("prefill_ms_p95", "p95 prefill time", False),
+                 ("tpot_ms_p95", "p95 TPOT", False), ("ttft_ms_p95", "p95 TTFT", False),
+                 ("queue_ms_p50", "p50 queue time", False), ("queue_ms_p95", "p95 queue time", False))
+
+
+def _model_tables(diagnosis: dict | None) -> dict | None:
+    """An engine model's diagnosis as two tables (None for a request-component diagnosis): each cost's change at the
+    same batch sizes, the one named first marked, and the live error per figure against the bound."""
+    d = diagnosis or {}
+    if d.get("moved") is None and not d.get("live_error"):
+        return None
+    bound = d.get("bound", d.get("threshold"))
+    moved = [{"cost": cost, "label": label, "change": d["moved"][cost], "dominant": cost == d.get("dominant_component")}
+             for cost, label in F.COSTS.items() if isinstance((d.get("moved") or {}).get(cost), (int, float))]
+    errors = [{"label": label, "error": (d.get("live_error") or {})[key], "judged": judged,
+               "over": judged and bound is not None and abs((d.get("live_error") or {})[key]) > bound}
+              for key, label, judged in MODEL_FIGURES
+              if isinstance((d.get("live_error") or {}).get(key), (int, float))]
+    return {"moved": moved, "errors": errors, "bound": f"{bound:.0%}" if isinstance(bound, (int, float)) else None,
+            "engine_model": d.get("engine_model"),
+            "group": d.get("group") or (d.get("groups") or [{}])[0].get("group")}
+
+
 def _alert(viewer: Viewer, fingerprint: str) -> AlertRow:
     alert = (AlertRow.objects.filter(fingerprint=fingerprint, project_id=viewer.project_id)
              .select_related("project", "slo").first())
@@ -109,7 +137,8 @@ def alert_detail(request: HttpRequest, viewer: Viewer, fingerprint: str) -> Http
     loops = list(Loop.objects.filter(project_id=viewer.project_id, alert_fingerprint=fingerprint)
                  .values("id", "group", "state")[:10])
     context = _base(request, viewer, "alerts", alert=data, bars=_bars(data["diagnosis"]), deliveries=deliveries,
-                    silences=silences, values=values, errors=errors, loops=loops)
+                    silences=silences, values=values, errors=errors, loops=loops,
+                    model=_model_tables(data["diagnosis"]))
     return render(request, "dashboards/alert.html", context, status=status)
 
 

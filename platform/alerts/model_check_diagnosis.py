@@ -8,6 +8,7 @@ import datetime as dt
 from collections.abc import Mapping
 
 from slo import queries
+from tenancy.models import Project
 from traces.store import get_store
 
 from engine.sim import traffic_fit as F
@@ -28,7 +29,8 @@ def diagnose_model_checks(project_id: int, filters: Mapping, burning: tuple[dt.d
         groups = [groups]
     found = queries.model_check_summary(store or get_store(), project_id, groups=groups, since=burning[0],
                                         until=burning[1], threshold=threshold)
-    return build_model_check_diagnosis(found, threshold=threshold, filters=filters, burning=burning)
+    project = Project.objects.filter(id=project_id).values_list("name", flat=True).first() or str(project_id)
+    return build_model_check_diagnosis(found, threshold=threshold, filters=filters, burning=burning, project=project)
 
 
 def _iso(t: dt.datetime) -> str:
@@ -58,8 +60,29 @@ def moved_most(moved: Mapping[str, float]) -> str | None:
     return named[0][1] if named else None
 
 
+# Where to look when a cost moved at the same batch sizes (traffic_fit.attribute tells which one did).
+WHERE_TO_LOOK = {
+    "decode": ("a decode step reads the weights and the KV cache, then processes each running sequence's output on the "
+               "host: look for lower memory bandwidth (a throttled or degraded GPU, a changed driver) or a host CPU "
+               "shared with other work"),
+    "prefill": ("a prefill is compute: look for lower GPU clocks (power or thermal limits, a changed driver) or another "
+                "process on the GPU"),
+}
+
+
+def suggestion(moved: Mapping[str, float], *, project: str, group: str) -> str:
+    """What to do about a model that no longer fits its group's traffic (the drift alert's and the SLI's)."""
+    cost = moved_most(moved)
+    where = WHERE_TO_LOOK[cost] if cost else (
+        f"no cost moved by {F.MOVED_AT:.0%} or more at the same batch sizes: the traffic may differ from the window "
+        "the model was fitted on (other lengths, another share of cached prompt tokens)")
+    return (f"{where[:1].upper()}{where[1:]}. If the group changed on purpose (a driver, vLLM version or host), "
+            f"calibrate its model again: python manage.py engine calibrate --project {project} --group {group}. "
+            f"Until a model fits, tuning studies of {group} refuse it.")
+
+
 def build_model_check_diagnosis(found: list[dict], *, threshold: float, filters: Mapping,
-                                burning: tuple[dt.datetime, dt.datetime]) -> dict:
+                                burning: tuple[dt.datetime, dt.datetime], project: str) -> dict:
     """The diagnosis from the per-group summaries of slo.queries.model_check_summary (most bad checks first)."""
     checks = sum(g["checks"] for g in found)
     bad = sum(g["bad"] for g in found)
@@ -93,4 +116,5 @@ def build_model_check_diagnosis(found: list[dict], *, threshold: float, filters:
         "dominant_component": cost,
         "dominant_reason": f"{F.COSTS[cost]} {moved[cost] * 100:+.0f} % at the same batch sizes" if cost else None,
         "summary": summary[:1].upper() + summary[1:],
+        "suggestion": suggestion(moved, project=project, group=top["group"]) if latest_bad else None,
     }

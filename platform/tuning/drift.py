@@ -15,6 +15,7 @@ from __future__ import annotations
 import datetime as dt
 
 from alerts.lifecycle import MODEL_DRIFT_ALERTNAME, AlertSpec, drive
+from alerts.model_check_diagnosis import moved_most, suggestion
 from alerts.models import AlertKind, AlertTransition
 from django.conf import settings
 from tenancy.models import Project
@@ -30,19 +31,13 @@ def _severity() -> str:
     return settings.TUNING["MODEL_DRIFT_SEVERITY"]
 
 
-def moved_first(moved: dict[str, float]) -> str | None:
-    """The cost that moved most (by its absolute change), if any moved by traffic_fit.MOVED_AT or more."""
-    named = sorted(((abs(v), cost) for cost, v in (moved or {}).items() if abs(v) >= F.MOVED_AT), reverse=True)
-    return named[0][1] if named else None
-
-
 def drift_spec(model: EngineModel, errors: dict[str, float], moved: dict[str, float], *, bound: float,
                project_name: str) -> AlertSpec:
     """The alert that ``errors`` (the model's live relative errors) and ``moved`` describe for the model's group."""
     gated = {k: errors[k] for k in FIGURE_NAMES if errors.get(k) is not None}
     worst_figure = max(gated, key=lambda k: abs(gated[k])) if gated else None
     worst = gated.get(worst_figure) if worst_figure else None
-    cost = moved_first(moved)
+    cost = moved_most(moved)
     why = F.diagnosis(moved)
     figure = (f"live {FIGURE_NAMES[worst_figure]} {abs(worst):.0%} {'under' if worst < 0 else 'over'} what was "
               f"served (bound {bound:.0%})" if worst_figure else "no live error")
@@ -55,6 +50,7 @@ def drift_spec(model: EngineModel, errors: dict[str, float], moved: dict[str, fl
         "dominant_reason": f"{F.COSTS[cost]} {moved[cost] * 100:+.0f} % at the same batch sizes" if cost else None,
         "moved": dict(moved or {}), "live_error": dict(errors), "bound": bound, "engine_model": model.id,
         "group": model.group, "config_version": model.config_version,
+        "suggestion": suggestion(moved or {}, project=project_name, group=model.group),
     }
     severity = _severity()
     labels = {"alertname": MODEL_DRIFT_ALERTNAME, "project": project_name, "severity": severity,

@@ -110,6 +110,8 @@ def test_an_slo_on_the_model_error_burns_on_bad_checks_and_pages_with_what_moved
     assert summary.startswith(f"Engine model {chat.id} of group chat (config {CONFIG.version}) missed its latest "
                               "traffic by more than 20% in 6 of 6 live checks"), summary
     assert "p50 TPOT 38% under what was served, p50 prefill time 9% under; decode step time +37 %" in summary, summary
+    assert diagnosis["suggestion"].startswith("A decode step reads the weights") and \
+        "engine calibrate --project alpha --group chat" in diagnosis["suggestion"], diagnosis["suggestion"]
     [delivery] = Delivery.objects.filter(fingerprint=alert.fingerprint)
     assert "Diagnosis: Engine model" in delivery.event["description"]
     assert delivery.event["slo"]["threshold"] == 0.2

@@ -8,9 +8,11 @@ import datetime as dt
 
 import pytest
 from alerts.models import Alert, AlertKind, AlertState
+from django.contrib.auth import get_user_model
+from django.test import Client
 from django.utils import timezone
 from notify.models import Channel, Delivery
-from tenancy.models import Project
+from tenancy.models import Membership, Project
 from tuning import calibration, drift
 from tuning.models import EngineModel, ModelState
 from tuning.service import StudyError, engine_model_for
@@ -62,6 +64,29 @@ def test_a_drift_goes_pending_then_fires_naming_decode_and_resolves(model):
     event = delivery.event
     assert event["kind"] == "engine_model_drift" and event["status"] == "firing"
     assert "Diagnosis: decode step time +37 %" in event["description"]
+    # What to do: where a slower decode comes from, and the command that calibrates the group again.
+    assert alert.diagnosis["suggestion"].startswith("A decode step reads the weights and the KV cache"), alert.diagnosis
+    assert "python manage.py engine calibrate --project alpha --group chat" in alert.diagnosis["suggestion"]
+    assert event["diagnosis"]["suggestion"] == alert.diagnosis["suggestion"]
+
+    # The alert's page: what moved and the live error against the bound, no request-component sections (the model's
+    # diagnosis has none), and the suggestion.
+    user = get_user_model().objects.create_user("ops")
+    Membership.objects.create(user=user, project=model.project, role="viewer")
+    client = Client()
+    client.force_login(user)
+    page = client.get(f"/alerts/{alert.fingerprint}/?project=alpha")
+    assert page.status_code == 200, page.content[:500]
+    text = page.content.decode()
+    moved = text[text.index('data-testid="dx-moved"'):]
+    moved = moved[:moved.index("</table>")]
+    assert "decode step time ◀ moved" in moved and "+37 %" in moved and "prefill time" in moved and "+8 %" in moved
+    errors = text[text.index('data-testid="dx-live-error"'):]
+    errors = errors[:errors.index("</table>")]
+    assert "(bound 20%)" in errors and "p50 TPOT</th><td class=\"num\">−38 %</td><td>over the bound" in errors, errors
+    assert "p50 prefill time</th><td class=\"num\">−7 %</td><td>within" in errors, errors
+    assert "Component change" not in text and "Contributors" not in text
+    assert 'data-testid="dx-suggestion">A decode step reads' in text
 
     # A newer measurement under the bound: resolved, and the resolution is sent.
     [resolved] = drift.apply(model, FITS, {"decode": 0.01}, t0 + dt.timedelta(seconds=90), drifting=False)
