@@ -1,6 +1,7 @@
 """The simulated replica speaks vLLM's OpenAI-compatible API: endpoints, body shapes, token accounting."""
 from __future__ import annotations
 
+import math
 import threading
 
 import pytest
@@ -162,12 +163,17 @@ def test_served_model_name_replaces_the_model_id():
         server.stop()
 
 
-def _tpot_ms(url: str) -> float:
-    """One streamed completion's time per output token after the first (ms), on the client's clock."""
-    got = stream(url + "/v1/completions", {"prompt": "one two three", "max_tokens": 24, "ignore_eos": True,
-                                           "stream": True})
-    assert got.status == 200, got.events
-    return (got.finished - got.first_content) / 23 * 1000
+def _tpot_ms(url: str, runs: int = 3) -> float:
+    """The least time per output token after the first (ms, on the client's clock) of ``runs`` streamed completions
+    one after another: a stall of the host (two suites on two cores) only lengthens a run, and one stalled run read
+    64 ms a token as 124 in CI."""
+    best = math.inf
+    for _ in range(runs):
+        got = stream(url + "/v1/completions", {"prompt": "one two three", "max_tokens": 24, "ignore_eos": True,
+                                               "stream": True})
+        assert got.status == 200, got.events
+        best = min(best, (got.finished - got.first_content) / 23 * 1000)
+    return best
 
 
 def test_the_dev_mode_changes_the_simulated_gpu_while_it_serves(monkeypatch):
