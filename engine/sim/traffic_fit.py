@@ -334,7 +334,7 @@ def moved_costs(rows: Sequence[Observed], predicted: Sequence) -> dict[str, floa
 # step's per-sequence work (output processing on the host) or its reads (the weights and KV from memory); a prefill's
 # compute.
 EXPLAINED_BY = {"decode": ("sequence_overhead", "bandwidth_efficiency"), "prefill": ("mfu",)}
-ATTRIBUTE_MAX_ROWS = 4000  # the latest requests the attribution's replays take (three replays of them)
+ATTRIBUTE_MAX_ROWS = 4000  # the latest requests the attribution replays (three times; once more for a longer window)
 _OTHER = {"decode": "prefill", "prefill": "decode"}
 
 
