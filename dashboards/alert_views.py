@@ -17,6 +17,7 @@ from django.utils import timezone
 from django.views.decorators.http import require_http_methods
 from loops.models import Loop
 from notify.models import Delivery
+from tuning.calibration import LIVE_GATED
 
 from engine.sim import traffic_fit as F
 
@@ -67,12 +68,11 @@ def _bars(diagnosis: dict | None) -> list[dict]:
     return items
 
 
-# An engine model's live error, as the drift alert and the SLI engine_model_error diagnose it: the figures in this
-# order, those a check is judged on first (tuning.calibration.LIVE_GATED).
-MODEL_FIGURES = (("prefill_ms_p50", "p50 prefill time", True), ("tpot_ms_p50", "p50 TPOT", True),
-                 ("ttft_ms_p50", "p50 TTFT", False), ("prefill_ms_p95", "p95 prefill time", False),
-                 ("tpot_ms_p95", "p95 TPOT", False), ("ttft_ms_p95", "p95 TTFT", False),
-                 ("queue_ms_p50", "p50 queue time", False), ("queue_ms_p95", "p95 queue time", False))
+# An engine model's live error, as the drift alert and the SLI engine_model_error diagnose it: the figures a check is
+# judged on (tuning.calibration.LIVE_GATED) first, then the others.
+MODEL_FIGURES = (("prefill_ms_p50", "p50 prefill time"), ("tpot_ms_p50", "p50 TPOT"), ("ttft_ms_p50", "p50 TTFT"),
+                 ("prefill_ms_p95", "p95 prefill time"), ("tpot_ms_p95", "p95 TPOT"), ("ttft_ms_p95", "p95 TTFT"),
+                 ("queue_ms_p50", "p50 queue time"), ("queue_ms_p95", "p95 queue time"))
 
 
 def _model_tables(diagnosis: dict | None) -> dict | None:
@@ -81,13 +81,16 @@ def _model_tables(diagnosis: dict | None) -> dict | None:
     d = diagnosis or {}
     if d.get("moved") is None and not d.get("live_error"):
         return None
+    changes, live = d.get("moved") or {}, d.get("live_error") or {}
     bound = d.get("bound", d.get("threshold"))
-    moved = [{"cost": cost, "label": label, "change": d["moved"][cost], "dominant": cost == d.get("dominant_component")}
-             for cost, label in F.COSTS.items() if isinstance((d.get("moved") or {}).get(cost), (int, float))]
-    errors = [{"label": label, "error": (d.get("live_error") or {})[key], "judged": judged,
-               "over": judged and bound is not None and abs((d.get("live_error") or {})[key]) > bound}
-              for key, label, judged in MODEL_FIGURES
-              if isinstance((d.get("live_error") or {}).get(key), (int, float))]
+    moved = [{"label": label, "change": changes[cost], "dominant": cost == d.get("dominant_component")}
+             for cost, label in F.COSTS.items() if isinstance(changes.get(cost), (int, float))]
+    errors = []
+    for key, label in MODEL_FIGURES:
+        if isinstance(live.get(key), (int, float)):
+            judged = key in LIVE_GATED
+            errors.append({"label": label, "error": live[key], "judged": judged,
+                           "over": judged and bound is not None and abs(live[key]) > bound})
     return {"moved": moved, "errors": errors, "bound": f"{bound:.0%}" if isinstance(bound, (int, float)) else None,
             "engine_model": d.get("engine_model"),
             "group": d.get("group") or (d.get("groups") or [{}])[0].get("group")}
