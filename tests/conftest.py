@@ -16,6 +16,7 @@ import pytest
 from benchkit.harness import PlatformProcess
 from fleet_support import close_finished_worlds
 from otlp_live_helpers import _drop_database, _server_mode_database
+from quiet_support import running_test
 
 TESTS = Path(__file__).resolve().parent
 # The periodic calibration of engine models (tuning.calibrate_groups) would fit every group with an hour's traffic
@@ -49,6 +50,14 @@ def assigned_suite(item) -> str | None:
         return marker.kwargs.get("suite", "embedded")
     parts = Path(str(item.fspath)).resolve().relative_to(TESTS).parts
     return SUITE_OF_DIRECTORY.get(parts[0])
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    # Each test, from its setup (its module's fixtures included) to its teardown, holds the share of the lock that a
+    # quiet stretch of the other suite's (tests/quiet_support.py) waits for.
+    with running_test():
+        yield
 
 
 @pytest.hookimpl(trylast=True)  # after the test's own and its module's fixtures are torn down

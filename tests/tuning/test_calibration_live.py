@@ -20,6 +20,7 @@ import urllib.request
 import pytest
 from alerts_support import Receiver
 from fleet_support import ROOT, FleetPlatform, group, open_fleet_platform
+from quiet_support import quiet
 
 from engine.sim.profiles import hardware_profile
 
@@ -70,9 +71,13 @@ def world(tmp_path_factory):
                  # A drift alert (a ticket) fires after 5 s pending, to a webhook on this host.
                  "ALERTS_TICKET_FOR_SECONDS": "5", "NOTIFY_ALLOW_PRIVATE_DESTINATIONS": "127.0.0.1:1024-65535"}) \
             as platform:
-        platform.load("--arrival", "poisson", "--rate", "4", "--duration", "50", seed=1)
-        platform.load("--arrival", "poisson", "--rate", "4", "--burstiness", "0.3", "--duration", "50", seed=2)
-        time.sleep(8)  # the last spans: the replicas' batch exporters, the platform's decomposition
+        # The replica serves in real time: the other suite's CPU bursts would read as a slower GPU in the rows the
+        # calibration fits (one CI run: held-out p50 TTFT 16 % under what was served, with the embedded suite's
+        # fuzzer alongside). The load runs while the other suite waits.
+        with quiet("the calibration's traffic"):
+            platform.load("--arrival", "poisson", "--rate", "4", "--duration", "50", seed=1)
+            platform.load("--arrival", "poisson", "--rate", "4", "--burstiness", "0.3", "--duration", "50", seed=2)
+            time.sleep(8)  # the last spans: the replicas' batch exporters, the platform's decomposition
         yield platform
 
 
@@ -86,11 +91,14 @@ def test_a_calibration_from_served_traffic_finds_the_secret_constants(world, tmp
     assert model["published"]["mfu"] == pytest.approx(_L4.mfu)  # it started from the published constants
     # ~400 requests of 100 s in real time, on a host whose replica, gateway, platform and load share two cores: the
     # replica's real-time loop falls behind now and then, and each lag lengthens the decodes it overlaps, so the
-    # fit reads a slower bandwidth and makes up for it with a faster MFU (five runs: 11-35 % off, always in those
-    # directions). Here the fit must move both constants from the published ones towards the secret; the recovery
-    # within 5 % is tests/engine/test_traffic_fit.py's, in virtual time, where the truth is exact.
-    assert model["constants"]["mfu"] > 1.1 * _L4.mfu, model["constants"]
-    assert model["constants"]["bandwidth_efficiency"] < 0.9 * _L4.bandwidth_efficiency, model["constants"]
+    # fit reads a slower bandwidth and makes up for it with a faster MFU: about 10 % off the secret when the load runs
+    # alone, 11-35 % when the other suite ran beside it (two busy processes alongside: MFU +20 %, bandwidth -17 %).
+    # Here the fit must move both constants from the published ones towards the secret and land within 25 % of it;
+    # the recovery within 5 % is tests/engine/test_traffic_fit.py's, in virtual time, where the truth is exact.
+    fitted = model["constants"]
+    assert 1.1 * _L4.mfu < fitted["mfu"] < 1.25 * SECRET["mfu"], fitted
+    assert 0.75 * SECRET["bandwidth_efficiency"] < fitted["bandwidth_efficiency"] < 0.9 * _L4.bandwidth_efficiency, \
+        fitted
     assert model["fit_requests"] >= 120 and model["held_out_requests"] > 20
     for figure in ("ttft_ms_p50", "tpot_ms_p50", "ttft_ms_p95", "tpot_ms_p95"):
         assert abs(model["held_out_error"][figure]) <= 0.15, (figure, model["held_out_error"], model["constants"])
@@ -165,7 +173,8 @@ def test_a_slower_decode_mid_run_raises_the_error_and_fires_a_drift_alert_naming
                                          headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(request, timeout=10) as response:
             assert json.loads(response.read())["constants"]["sequence_overhead"] == 0.003
-        world.load("--arrival", "poisson", "--rate", "2.5", "--duration", "40", seed=3)
+        with quiet("the drifted traffic"):  # timed on the wall clock, as the calibration's traffic
+            world.load("--arrival", "poisson", "--rate", "2.5", "--duration", "40", seed=3)
 
         # The model's error on the latest traffic (the last 30 s, measured every 3 s) rises past the bound, where it
         # was within 15 % on the held-out slice; what moved is decode, named first.
