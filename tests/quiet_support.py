@@ -91,6 +91,7 @@ def quiet(what: str, wait_seconds: float = QUIET_WAIT_SECONDS) -> Iterator[float
     fcntl.flock(fd, fcntl.LOCK_UN)  # this process's own share would keep it waiting on itself
     gate = _open(directory, "turnstile.lock")
     alone = False
+    waited = None
     try:
         if _lock_within(gate, fcntl.LOCK_EX, deadline):
             try:
@@ -102,8 +103,14 @@ def quiet(what: str, wait_seconds: float = QUIET_WAIT_SECONDS) -> Iterator[float
         if not alone:
             warnings.warn(f"{what}: the other suite's test did not end within {wait_seconds:.0f} s; running it "
                           f"beside that test", stacklevel=3)
-        yield time.monotonic() - started
+        waited = time.monotonic() - started
+        yield waited
     finally:
+        if waited is not None:
+            held = time.monotonic() - started - waited
+            with open(os.path.join(directory, "quiet.log"), "a") as log:  # .ci/run prints it: what the stretches cost
+                log.write(f"{what}: waited {waited:.1f} s for the other suite's test, then held it off "
+                          f"{held:.1f} s{'' if alone else ' (not alone: the wait ran out)'}\n")
         if own is not None:
             fcntl.flock(fd, fcntl.LOCK_SH)  # back to this test's share
         else:

@@ -71,6 +71,8 @@ def test_a_quiet_stretch_waits_for_the_running_test_and_holds_off_the_next(monke
         assert waited == pytest.approx(got_in - asked, abs=0.05) and waited > 0.5
         second_started, second_entered, _ = _times(second, second_out)
         assert second_started < left and second_entered >= left, "a test ran during the stretch"
+    line = (locks / "quiet.log").read_text()
+    assert line.startswith("a timed stretch: waited ") and "then held it off 1." in line, line
 
 
 def test_a_test_that_asks_while_a_stretch_waits_goes_after_it(monkeypatch, tmp_path):
@@ -113,3 +115,4 @@ def test_a_stretch_that_cannot_have_the_lock_runs_anyway_and_says_so(monkeypatch
         with quiet("a stretch", wait_seconds=0.3) as waited:
             assert 0.25 <= waited < 1.5
     _times(first, first_out)
+    assert "(not alone: the wait ran out)" in (locks / "quiet.log").read_text()
