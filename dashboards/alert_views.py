@@ -68,8 +68,8 @@ def _bars(diagnosis: dict | None) -> list[dict]:
     return items
 
 
-# An engine model's live error, as the drift alert and the SLI engine_model_error diagnose it: the figures a check is
-# judged on (tuning.calibration.LIVE_GATED) first, then the others.
+# An engine model's live error, as the drift alert and the SLI engine_model_error diagnose it: its figures in this
+# order, after those a check is judged on (tuning.calibration.LIVE_GATED), which the table puts first.
 MODEL_FIGURES = (("prefill_ms_p50", "p50 prefill time"), ("tpot_ms_p50", "p50 TPOT"), ("ttft_ms_p50", "p50 TTFT"),
                  ("prefill_ms_p95", "p95 prefill time"), ("tpot_ms_p95", "p95 TPOT"), ("ttft_ms_p95", "p95 TTFT"),
                  ("queue_ms_p50", "p50 queue time"), ("queue_ms_p95", "p95 queue time"))
@@ -86,7 +86,7 @@ def _model_tables(diagnosis: dict | None) -> dict | None:
     moved = [{"label": label, "change": changes[cost], "dominant": cost == d.get("dominant_component")}
              for cost, label in F.COSTS.items() if isinstance(changes.get(cost), (int, float))]
     errors = []
-    for key, label in MODEL_FIGURES:
+    for key, label in sorted(MODEL_FIGURES, key=lambda figure: figure[0] not in LIVE_GATED):  # stable: judged first
         if isinstance(live.get(key), (int, float)):
             judged = key in LIVE_GATED
             errors.append({"label": label, "error": live[key], "judged": judged,

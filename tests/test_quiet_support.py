@@ -35,6 +35,25 @@ def _neighbour(tmp_path: Path, name: str, seconds: float, directory: Path) -> tu
     return subprocess.Popen([sys.executable, "-c", NEIGHBOUR, str(out), str(seconds)], env=env), out
 
 
+@pytest.fixture
+def locks(monkeypatch, tmp_path) -> Path:
+    """The lock directory, set for this process (and the processes it starts) as .ci/run sets it."""
+    directory = tmp_path / "locks"
+    directory.mkdir()
+    monkeypatch.setenv("TESTS_QUIET_LOCK_DIR", str(directory))
+    return directory
+
+
+def _neighbour_under_way(tmp_path: Path, seconds: float, directory: Path) -> tuple[subprocess.Popen, Path]:
+    """A neighbour's test of ``seconds``, started and under way (holding its share) when this returns."""
+    process, out = _neighbour(tmp_path, "first", seconds, directory)
+    deadline = time.monotonic() + 20
+    while not (directory / "tests.lock").exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    time.sleep(0.3)
+    return process, out
+
+
 def _times(process: subprocess.Popen, out: Path) -> tuple[float, float, float]:
     assert process.wait(timeout=30) == 0
     started, entered, left = map(float, out.read_text().split())
@@ -48,15 +67,8 @@ def test_without_the_directory_a_quiet_stretch_does_nothing(monkeypatch, tmp_pat
     assert not list(tmp_path.iterdir())
 
 
-def test_a_quiet_stretch_waits_for_the_running_test_and_holds_off_the_next(monkeypatch, tmp_path):
-    locks = tmp_path / "locks"
-    locks.mkdir()
-    monkeypatch.setenv("TESTS_QUIET_LOCK_DIR", str(locks))
-    first, first_out = _neighbour(tmp_path, "first", 1.5, locks)
-    deadline = time.monotonic() + 20
-    while not (locks / "tests.lock").exists() and time.monotonic() < deadline:
-        time.sleep(0.02)
-    time.sleep(0.3)  # the neighbour's test is under way
+def test_a_quiet_stretch_waits_for_the_running_test_and_holds_off_the_next(locks, tmp_path):
+    first, first_out = _neighbour_under_way(tmp_path, 1.5, locks)
     with quiet_support.running_test():  # this process's own test, as under the conftest's hook
         second = None
         asked = time.monotonic()
@@ -75,15 +87,8 @@ def test_a_quiet_stretch_waits_for_the_running_test_and_holds_off_the_next(monke
     assert line.startswith("a timed stretch: waited ") and "then held it off 1." in line, line
 
 
-def test_a_test_that_asks_while_a_stretch_waits_goes_after_it(monkeypatch, tmp_path):
-    locks = tmp_path / "locks"
-    locks.mkdir()
-    monkeypatch.setenv("TESTS_QUIET_LOCK_DIR", str(locks))
-    first, first_out = _neighbour(tmp_path, "first", 1.5, locks)
-    deadline = time.monotonic() + 20
-    while not (locks / "tests.lock").exists() and time.monotonic() < deadline:
-        time.sleep(0.02)
-    time.sleep(0.3)
+def test_a_test_that_asks_while_a_stretch_waits_goes_after_it(locks, tmp_path):
+    first, first_out = _neighbour_under_way(tmp_path, 1.5, locks)
     # The stretch asks in a second process; then the neighbour's next test asks. The turnstile keeps that test
     # from overtaking the waiting stretch, though the tests' lock is only ever shared between the two tests.
     stretch_out = tmp_path / "stretch"
@@ -102,15 +107,8 @@ def test_a_test_that_asks_while_a_stretch_waits_goes_after_it(monkeypatch, tmp_p
     assert second_started < entered and second_entered >= left, "the next test overtook the waiting stretch"
 
 
-def test_a_stretch_that_cannot_have_the_lock_runs_anyway_and_says_so(monkeypatch, tmp_path):
-    locks = tmp_path / "locks"
-    locks.mkdir()
-    monkeypatch.setenv("TESTS_QUIET_LOCK_DIR", str(locks))
-    first, first_out = _neighbour(tmp_path, "first", 2.0, locks)
-    deadline = time.monotonic() + 20
-    while not (locks / "tests.lock").exists() and time.monotonic() < deadline:
-        time.sleep(0.02)
-    time.sleep(0.3)
+def test_a_stretch_that_cannot_have_the_lock_runs_anyway_and_says_so(locks, tmp_path):
+    first, first_out = _neighbour_under_way(tmp_path, 2.0, locks)
     with pytest.warns(UserWarning, match="did not end within 0 s"):
         with quiet("a stretch", wait_seconds=0.3) as waited:
             assert 0.25 <= waited < 1.5
