@@ -202,14 +202,18 @@ class RealTimeDriver:
                 # Busy engine: the next step follows the previous one back to back. Idle engine: it
                 # starts when the first arrival came in (not before the last step ended). Either way,
                 # a loop that woke up more than MAX_LAG_SECONDS late restarts the timeline at "now".
-                if self.core.has_unfinished_requests():
+                busy = self.core.has_unfinished_requests()
+                if busy:
                     start = self._last_end
+                    self.metrics.loop_wake_lag.observe(max(0.0, now - start))
                 else:
                     start = max(self._last_end, self._arrivals[0].queued_at)
                 if now - start > MAX_LAG_SECONDS:
-                    if self.core.has_unfinished_requests():
+                    if busy:
                         self.timeline_resyncs += 1
                         self.lag_seconds_total += now - start
+                        self.metrics.timeline_resyncs.inc()
+                        self.metrics.timeline_lost.inc(now - start)
                     start = now
                 self._admit_arrivals(start)
                 if not self.core.has_unfinished_requests():

@@ -9,6 +9,9 @@ the exposition reads ``vllm:num_preemptions_total``, ``vllm:prompt_tokens_total`
 Speculative-decoding counters exist only when the config speculates, as in vLLM.
 
 Each replica owns a ``CollectorRegistry`` so several replicas can live in one process.
+
+Three families are the simulator's own, not vLLM's (prefix ``engine_sim_``): how late the busy engine loop woke up
+and how much simulated time it lost to a host that could not keep pace (``driver.py``).
 """
 from __future__ import annotations
 
@@ -35,6 +38,8 @@ REQUEST_LATENCY_BUCKETS = (
 )
 ITERATION_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 N_BUCKETS = (1, 2, 5, 10, 20)
+SIMULATOR_PREFIX = "engine_sim_"  # the simulator's own families, which real vLLM does not have
+LOOP_LAG_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
 
 
 def build_1_2_5_buckets(max_value: int) -> list[int]:
@@ -163,6 +168,20 @@ class ReplicaMetrics:
                 per_pos.labels(*labels, str(position))
                 for position in range(resolved.speculative_config.num_speculative_tokens)
             ]
+
+        # The simulator's own: how far the real-time loop keeps pace on this host (engine/replica/driver.py).
+        self.loop_wake_lag = histogram(
+            "engine_sim_loop_wake_lag_seconds",
+            "Simulator only: how late the busy engine loop woke up for its next step, in seconds.", LOOP_LAG_BUCKETS
+        )
+        self.timeline_resyncs = counter(
+            "engine_sim_timeline_resyncs",
+            "Simulator only: times the busy engine's timeline restarted at the real clock (the loop was too late).",
+        )
+        self.timeline_lost = counter(
+            "engine_sim_timeline_lost_seconds",
+            "Simulator only: simulated time lost to those restarts; each lengthens the requests then running.",
+        )
 
         # vLLM's cache_config_info: an info-style gauge fixed at 1 whose labels describe the KV cache.
         info = {

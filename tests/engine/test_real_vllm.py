@@ -235,7 +235,7 @@ def test_metric_names_the_platform_reads_exist_on_real_vllm(fleet):
     from slo.prometheus import ERROR_MATCHER, HISTOGRAMS, LABEL_FOR_FILTER, SUCCESS_COUNTER, TPOT_HISTOGRAMS
 
     from engine.launcher.managed_process import LOAD_METRICS
-    from engine.replica.metrics import ReplicaMetrics
+    from engine.replica.metrics import SIMULATOR_PREFIX, ReplicaMetrics
 
     _post(fleet.gateway + "/v1/completions", {"model": SERVED, "prompt": "warm", "max_tokens": 4})
     real = _families(fleet.replica()["url"])
@@ -253,8 +253,10 @@ def test_metric_names_the_platform_reads_exist_on_real_vllm(fleet):
     # checked after the config change below, on a replica that speculates).
     simulated = {family.name: family.type for family in text_string_to_metric_families(
         _generate(ReplicaMetrics(EngineConfig(), model_name=SERVED).registry))}
+    # Beyond vLLM's, the simulator's own families (how far its real-time loop keeps pace) say what they are by name.
+    assert all(name.startswith(("vllm:", SIMULATOR_PREFIX)) for name in simulated), simulated
     missing = {name: kind for name, kind in simulated.items() if real.get(name) != kind
-               and not name.startswith("vllm:spec_decode")}
+               and not name.startswith(("vllm:spec_decode", SIMULATOR_PREFIX))}
     assert not missing, f"the simulator exports families real vLLM does not (or with another type): {missing}"
     # The diagnosis's spec-decode counters exist only on a speculating replica.
     assert SPEC_ACCEPTED_TOKENS.removesuffix("_total") not in real and SPEC_DRAFT_TOKENS.removesuffix("_total") \

@@ -7,7 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from opentelemetry.trace import SpanKind
-from replica_harness import MODEL, post, spans_by_request_id, start_replica, stream, wait_until
+from replica_harness import MODEL, metric, post, spans_by_request_id, start_replica, stream, wait_until
 
 from engine.config import EngineConfig
 from engine.replica import build_replica_tracer_provider
@@ -224,6 +224,10 @@ def test_engine_timestamps_follow_the_simulated_timeline_not_the_event_loop(repl
     print(f"timeline resyncs during the request: {resyncs_after - resyncs_before}, {lost * 1000:.1f} ms lost")
     if stall:
         assert resyncs_after > resyncs_before and lost >= stall - 0.05, (resyncs_after - resyncs_before, lost)
+    # The replica's /metrics says the same (the simulator's own families): how far this host kept the timeline.
+    assert metric(replica.url, "engine_sim_timeline_resyncs_total") == resyncs_after
+    assert metric(replica.url, "engine_sim_timeline_lost_seconds_total") == pytest.approx(lag_after, abs=1e-9)
+    assert metric(replica.url, "engine_sim_loop_wake_lag_seconds_count") > 0  # each busy step's wake-up
 
     core = EngineCore(CONFIG, seed=3)
     alone = SimRequest("alone", len(token_ids(prompt)), 60, 0.0, prompt_token_ids=token_ids(prompt))
