@@ -7,6 +7,7 @@ No GPU and no gateway here: the "observed" side is the simulator with the secret
 traffic_fit), which is what makes the truth known."""
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 
@@ -54,6 +55,30 @@ def test_the_fit_finds_the_secret_compute_and_bandwidth_and_predicts_what_it_nev
     before = F.predict(config, hardware_profile("H100"), B.observe(config, truth, B.other_workload(0)),
                        queue_floor_ms=fit.queue_floor_ms)
     assert B.worst(before) > 20.0, before
+
+
+def test_on_a_small_saturated_window_the_prompt_length_classes_keep_mfu_and_bandwidth_apart():
+    """The live test's traffic in virtual time (an L4 group at 32 sequences, 200 Poisson and 200 bursty requests at
+    4 req/s, prompts of 100-1,500 tokens sharing 96, answers of 8-64), its arrivals read up to 20 ms early as a
+    gateway's span start is: nearly every step mixes a prefill chunk with decodes. Without the prompt-length classes
+    this window fitted MFU +13.6 % and bandwidth -12.8 % off the truth (the same valley live: +28 % / -20 %)."""
+    base = hardware_profile("L4")
+    truth = base.with_constants(mfu=base.mfu * 1.4, bandwidth_efficiency=base.bandwidth_efficiency * 0.65,
+                                step_overhead=base.step_overhead * 1.5)
+    config = EngineConfig(model=B.MODEL, gpu_type="L4", max_num_seqs=32, max_model_len=4096)
+    rng, jitter = random.Random(1), random.Random(8)
+    requests, t = [], 0.0
+    for k in range(400):
+        bursty = k >= 200
+        t += 10.0 if k == 200 else 0.0  # two loads, the queue drained between them
+        t += 0.0 if bursty and rng.random() < 0.1 else rng.expovariate(4.0 * (0.9 if bursty else 1.0))
+        requests.append((t, rng.randint(100, 1500), rng.randint(8, 64), 96))
+    rows = [dataclasses.replace(row, arrival=row.arrival - jitter.uniform(0.0, 0.02))
+            for row in B.observe(config, truth, requests)]
+    assert sorted(row.queue_ms for row in rows)[len(rows) // 2] > 1000  # saturated: a median queue over a second
+    fit = F.fit(config, rows, seed=0)
+    assert fit.constants["mfu"] == pytest.approx(truth.mfu, rel=0.06), fit.constants
+    assert fit.constants["bandwidth_efficiency"] == pytest.approx(truth.bandwidth_efficiency, rel=0.06), fit.constants
 
 
 def test_too_little_traffic_is_refused_with_the_count_needed():

@@ -20,6 +20,7 @@ import urllib.request
 import pytest
 from alerts_support import Receiver
 from fleet_support import ROOT, FleetPlatform, group, open_fleet_platform
+from prometheus_client.parser import text_string_to_metric_families
 from quiet_support import quiet
 
 from engine.sim.profiles import hardware_profile
@@ -43,6 +44,21 @@ class World(FleetPlatform):
              "--timeout", "120", "--input-len", "100:1500", "--output-len", "8:64", "--shared-prefix-len", "96",
              "--seed", str(seed), *args], env=self.process.env, cwd=ROOT, check=True, capture_output=True,
             timeout=300)
+
+    def replica_lag(self) -> dict:
+        """How far the simulated replica's real-time loop kept pace (its engine_sim_ metrics): the fit can only be as
+        exact as the timeline the replica kept."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.ports.replicas}/metrics", timeout=10) as response:
+            text = response.read().decode()
+        samples = {(sample.name, sample.labels.get("le")): sample.value
+                   for family in text_string_to_metric_families(text) if family.name.startswith("engine_sim_")
+                   for sample in family.samples}
+        wakes = samples.get(("engine_sim_loop_wake_lag_seconds_count", None), 0.0)
+        return {"resyncs": samples.get(("engine_sim_timeline_resyncs_total", None), 0.0),
+                "lost_s": round(samples.get(("engine_sim_timeline_lost_seconds_total", None), 0.0), 3),
+                "wakes": wakes,
+                "wakes_over_20ms": wakes - samples.get(("engine_sim_loop_wake_lag_seconds_bucket", "0.02"), 0.0),
+                "wake_lag_s": round(samples.get(("engine_sim_loop_wake_lag_seconds_sum", None), 0.0), 3)}
 
     def model(self, model_id: int, timeout: float = 240) -> dict:
         deadline = time.monotonic() + timeout
@@ -78,6 +94,8 @@ def world(tmp_path_factory):
             platform.load("--arrival", "poisson", "--rate", "4", "--duration", "50", seed=1)
             platform.load("--arrival", "poisson", "--rate", "4", "--burstiness", "0.3", "--duration", "50", seed=2)
             time.sleep(8)  # the last spans: the replicas' batch exporters, the platform's decomposition
+        platform.lag = platform.replica_lag()
+        print(f"the replica's timeline during the load: {platform.lag}")
         yield platform
 
 
@@ -89,19 +107,19 @@ def test_a_calibration_from_served_traffic_finds_the_secret_constants(world, tmp
     assert model["state"] == "fitted", model
     assert model["base_profile"] == "L4" and set(model["constants"]) == {"mfu", "bandwidth_efficiency"}
     assert model["published"]["mfu"] == pytest.approx(_L4.mfu)  # it started from the published constants
-    # ~400 requests of 100 s in real time, on a host whose replica, gateway, platform and load share two cores: the
-    # replica's real-time loop falls behind now and then, and each lag lengthens the decodes it overlaps, so the
-    # fit reads a slower bandwidth and makes up for it with a faster MFU: about 10 % off the secret when the load runs
-    # alone, 11-35 % when the other suite ran beside it (two busy processes alongside: MFU +20 %, bandwidth -17 %).
-    # Here the fit must move both constants from the published ones towards the secret and land within 25 % of it;
-    # the recovery within 5 % is tests/engine/test_traffic_fit.py's, in virtual time, where the truth is exact.
+    # ~400 requests of 100 s in real time; the replica's timeline lost nothing here (its engine_sim_ metrics, printed).
+    # Few requests of a mostly saturated group: nearly every step mixes a prefill chunk with decodes, so a faster MFU
+    # and slower reads explain the same bins of consecutive requests, and the fit's prompt-length classes
+    # (engine/sim/traffic_fit.py) tell them apart. Fitted: MFU +3 %, bandwidth -3 % (2026-12-01, two runs); the same
+    # rows fitted without the classes: +25-28 %, -20 %. The recovery within 5 % is tests/engine/test_traffic_fit.py's,
+    # in virtual time, where the truth is exact; here, through the gateway in real time, within 10 %.
     fitted = model["constants"]
-    assert 1.1 * _L4.mfu < fitted["mfu"] < 1.25 * SECRET["mfu"], fitted
-    assert 0.75 * SECRET["bandwidth_efficiency"] < fitted["bandwidth_efficiency"] < 0.9 * _L4.bandwidth_efficiency, \
-        fitted
+    print(f"fitted {fitted}, secret {SECRET}; the replica's timeline: {world.lag}")
+    assert fitted["mfu"] == pytest.approx(SECRET["mfu"], rel=0.1), (fitted, world.lag)
+    assert fitted["bandwidth_efficiency"] == pytest.approx(SECRET["bandwidth_efficiency"], rel=0.1), (fitted, world.lag)
     assert model["fit_requests"] >= 120 and model["held_out_requests"] > 20
     for figure in ("ttft_ms_p50", "tpot_ms_p50", "ttft_ms_p95", "tpot_ms_p95"):
-        assert abs(model["held_out_error"][figure]) <= 0.15, (figure, model["held_out_error"], model["constants"])
+        assert abs(model["held_out_error"][figure]) <= 0.1, (figure, model["held_out_error"], model["constants"])
     # The lineage: the config version the group's traffic ran.
     status, listed = world.api("GET", "/api/v1/engine-models?group=secret")
     assert status == 200 and listed["models"][0]["id"] == model["id"]
