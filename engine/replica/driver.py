@@ -98,10 +98,6 @@ class RealTimeDriver:
         self._tasks: list[asyncio.Task] = []
         self._closing = False
         self._counter_values: dict[str, float] = {}
-        # How often (and by how much in total) the busy engine's timeline had to restart at "now"
-        # because the event loop woke up too late: a measure of how far the process keeps up.
-        self.timeline_resyncs = 0
-        self.lag_seconds_total = 0.0
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -209,9 +205,7 @@ class RealTimeDriver:
                 else:
                     start = max(self._last_end, self._arrivals[0].queued_at)
                 if now - start > MAX_LAG_SECONDS:
-                    if busy:
-                        self.timeline_resyncs += 1
-                        self.lag_seconds_total += now - start
+                    if busy:  # how far the process keeps up: the replica's engine_sim_ metrics
                         self.metrics.timeline_resyncs.inc()
                         self.metrics.timeline_lost.inc(now - start)
                     start = now

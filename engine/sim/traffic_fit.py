@@ -254,7 +254,7 @@ def _bin_residuals(rows: Sequence[Observed], guesses: Sequence, floor: float) ->
 
 
 def _length_class_residuals(scored: Sequence[tuple[Observed, tuple | None]]) -> list[float]:
-    """log(predicted / observed) of the mean prefill time of each of LENGTH_CLASSES classes of requests by the
+    """log(predicted / observed) of the mean prefill time of each of up to LENGTH_CLASSES classes of requests by the
     prompt tokens they computed (less the cached ones), over the whole slice. A bin of consecutive requests mixes
     short and long prompts, so its mean prefill time says how long a step takes, not what a prompt token costs:
     compute (MFU) and the step's reads (bandwidth) trade off along a valley. Across the window, the classes hold
@@ -267,7 +267,7 @@ def _length_class_residuals(scored: Sequence[tuple[Observed, tuple | None]]) -> 
     for k in range(classes):
         members = pairs[k * len(pairs) // classes:(k + 1) * len(pairs) // classes]
         observed = sum(o for _, o, _ in members)
-        predicted = sum(p for _, _, p in members if p is not None)
+        predicted = sum(p for _, _, p in members)
         out.append(math.log(predicted / observed) if observed > 0 and predicted > 0 else _MISS)
     return out
 

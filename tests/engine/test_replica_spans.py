@@ -197,18 +197,18 @@ def test_replica_tracer_provider_resource(monkeypatch):
 def test_engine_timestamps_follow_the_simulated_timeline_not_the_event_loop(replica_and_spans, stall):
     """Alone on the replica, a request gets exactly the prefill and decode times the simulator models, plus what
     the timeline lost when the event loop woke up too late (a loaded host; in the second case the test blocks the
-    loop for 150 ms while the request decodes), which the driver counts."""
+    loop for 150 ms while the request decodes), which the replica's /metrics counts (the simulator's own families)."""
     replica, exporter = replica_and_spans
     prompt = f"timeline check {stall} " * 120  # a prompt of its own: no prefix-cache hit shortens its prefill
 
     def lag():
-        driver = replica.state.driver
-        return driver.timeline_resyncs, driver.lag_seconds_total
+        return (metric(replica.url, "engine_sim_timeline_resyncs_total"),
+                metric(replica.url, "engine_sim_timeline_lost_seconds_total"))
 
     def decoding():
         return any(t.released and not t.done for t in replica.state.driver.requests.values())
 
-    resyncs_before, lag_before = replica.call(lag)
+    resyncs_before, lag_before = lag()
     with ThreadPoolExecutor(1) as pool:
         reply = pool.submit(stream, replica.url + "/v1/completions",
                             {"prompt": prompt, "max_tokens": 60, "ignore_eos": True, "stream": True})
@@ -217,16 +217,13 @@ def test_engine_timestamps_follow_the_simulated_timeline_not_the_event_loop(repl
             replica.call(lambda: time.sleep(stall))
         result = reply.result()
     span = _span_for(exporter, result.events[0]["id"])
-    resyncs_after, lag_after = replica.call(lag)
+    resyncs_after, lag_after = lag()
     # A loop more than MAX_LAG_SECONDS late restarts the busy engine's timeline at "now": the request's decode
     # (its one prefill step runs before any such gap) grows by exactly those gaps, and by nothing else.
     lost = lag_after - lag_before
     print(f"timeline resyncs during the request: {resyncs_after - resyncs_before}, {lost * 1000:.1f} ms lost")
     if stall:
         assert resyncs_after > resyncs_before and lost >= stall - 0.05, (resyncs_after - resyncs_before, lost)
-    # The replica's /metrics says the same (the simulator's own families): how far this host kept the timeline.
-    assert metric(replica.url, "engine_sim_timeline_resyncs_total") == resyncs_after
-    assert metric(replica.url, "engine_sim_timeline_lost_seconds_total") == pytest.approx(lag_after, abs=1e-9)
     assert metric(replica.url, "engine_sim_loop_wake_lag_seconds_count") > 0  # each busy step's wake-up
 
     core = EngineCore(CONFIG, seed=3)
