@@ -402,6 +402,7 @@ def test_alert_page_renders_the_diagnosis_and_silences_it(ops, dash, shots, burn
     assert ops.page.locator(f".dx-row[data-component={diagnosis['dominant_component']}].dominant").count() == 1
     assert ops.page.locator(".timeline li").count() >= 2  # pending, then firing
     ops.page.screenshot(path=str(shots / "alert.png"), full_page=True)
+    _fits_a_narrow_window(ops, shots / "alert-narrow.png")
     # Silence it from the page: a bad duration first, then a good one.
     ops.page.fill("#f-duration", "forever")
     ops.page.fill("#f-comment", "looking into it")
